@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Set up ssd-edge in a virtual environment (default: ./.venv).
+#
+# llama-cpp-python is compiled from source. The default native build crashes
+# with "Illegal instruction" on CPUs that advertise Intel AMX inside VMs that
+# trap the tile instructions, so AMX is switched off by default; everything
+# else stays native (AVX-512, VNNI, weight repacking).
+#
+# Environment:
+#   SSD_EDGE_CMAKE_ARGS  extra CMake flags for llama.cpp, e.g. "-DGGML_CUDA=on"
+#                        (NVIDIA) or "-DGGML_METAL=on" (macOS). Appended to the
+#                        AMX-safe defaults.
+#   SSD_EDGE_NO_AMX_FIX  set to 1 to drop the AMX-off flags (e.g. on macOS/ARM).
+#   SSD_EDGE_VENV        where to create the virtual environment (default .venv).
+#   SSD_EDGE_EXTRAS      pip extras to install (default "test").
+#   PYTHON               the interpreter to build the venv from (default python3).
+#
+# The built llama-cpp-python wheel is kept in a folder named after a hash of
+# its CMake flags (under ~/.cache/ssd-edge/wheels), so a second install takes
+# seconds and a wheel built with other flags is never silently reused.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${SSD_EDGE_VENV:-$root/.venv}"
+extras="${SSD_EDGE_EXTRAS:-test}"
+python="${PYTHON:-python3}"
+llama_version="0.3.36"
+
+amx_off="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+if [[ "${SSD_EDGE_NO_AMX_FIX:-0}" == "1" || "$(uname -m)" != "x86_64" ]]; then
+  cmake_args="${SSD_EDGE_CMAKE_ARGS:-}"
+else
+  cmake_args="-DCMAKE_C_FLAGS='$amx_off' -DCMAKE_CXX_FLAGS='$amx_off' ${SSD_EDGE_CMAKE_ARGS:-}"
+fi
+flags_hash="$(printf '%s|%s|%s' "$llama_version" "$cmake_args" "$("$python" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)"
+cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/ssd-edge"
+wheel_dir="$cache_root/wheels/llama-cpp-python-$llama_version-$flags_hash"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+  echo "==> creating virtual environment $venv"
+  "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --upgrade pip
+
+if ! ls "$wheel_dir"/llama_cpp_python-*.whl >/dev/null 2>&1; then
+  echo "==> building llama-cpp-python $llama_version (takes ~8 minutes on 2 cores)"
+  echo "    CMAKE_ARGS=$cmake_args"
+  mkdir -p "$wheel_dir.tmp"
+  CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    "$venv/bin/python" -m pip wheel --no-deps --no-cache-dir --no-binary llama-cpp-python \
+    -w "$wheel_dir.tmp" "llama-cpp-python==$llama_version"
+  rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
+else
+  echo "==> reusing llama-cpp-python wheel from $wheel_dir"
+fi
+
+echo "==> installing ssd-edge[$extras]"
+"$venv/bin/python" -m pip install -q --find-links "$wheel_dir" "llama-cpp-python==$llama_version" \
+  -e "$root[$extras]"
+echo "$cmake_args" > "$venv/.ssd-edge-cmake-args"
+echo "==> done: $venv"

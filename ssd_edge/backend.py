@@ -1,0 +1,362 @@
+"""The llama.cpp adapter: the only module that imports llama_cpp.
+
+Model   one loaded GGUF file (weights, vocabulary, chat template); may back
+        several contexts.
+Context one llama_context with its own KV cache and thread count. Never use a
+        Context from two threads at once; two Contexts decode in parallel
+        (ctypes releases the GIL during llama_decode).
+
+Everything above this module sees numpy arrays and Python ints.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError, \
+    VocabMismatchError
+
+try:
+    import llama_cpp as ll
+except ImportError as e:  # pragma: no cover - only without the native library
+    raise ImportError("llama-cpp-python is not installed; run scripts/setup.sh") from e
+
+log = logging.getLogger(__name__)
+
+_init_lock = threading.Lock()
+_initialised = False
+_verbose = False
+_LOG_LEVEL_ERROR = 2  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error (cont = 5)
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # called from C
+    if _verbose:
+        try:
+            os.write(2, text)
+        except OSError:
+            pass
+
+
+def init(verbose: bool = False) -> None:
+    """Initialise llama.cpp once per process; llama.cpp logs go to stderr only if verbose."""
+    global _initialised, _verbose
+    _verbose = verbose
+    with _init_lock:
+        if _initialised:
+            return
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # module-level reference keeps it alive
+        info = system_info()
+        if "AMX_INT8 = 1" in info or "AMX = 1" in info:
+            raise RuntimeError(
+                "this llama-cpp-python build uses Intel AMX, which crashes with 'Illegal instruction' on "
+                "machines that trap it; rebuild with scripts/setup.sh (it switches AMX off)")
+        ll.llama_backend_init()
+        _initialised = True
+
+
+def system_info() -> str:
+    return ll.llama_print_system_info().decode(errors="replace")
+
+
+def gpu_offload_supported() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def llama_cpp_version() -> str:
+    return getattr(ll, "__version__", "unknown")
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise a typed error naming the file if it is missing or not a GGUF file."""
+    if not path.exists():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    if not path.is_file():
+        raise ModelNotFoundError(f"not a file: {path}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError as e:
+        raise ModelNotFoundError(f"cannot read model file {path}: {e.strerror}") from None
+    if head[:4] != b"GGUF":
+        raise NotGGUFError(f"not a GGUF file (bad magic {head[:4]!r}): {path}")
+    if len(head) < 8:
+        raise CorruptModelError(f"truncated GGUF file (only {len(head)} bytes): {path}")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_vocab: int
+    n_layer: int
+    n_ctx_train: int
+    gpu_layers: int  # layers really offloaded (0 on a CPU-only build, whatever was asked)
+    kv_bytes_per_cell: int  # K+V bytes one token occupies in the KV cache (f16 cache)
+
+
+class Model:
+    """A loaded GGUF model."""
+
+    def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0, verbose: bool = False):
+        init(verbose)
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30
+        ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not ptr:
+            raise CorruptModelError(f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)")
+        self.ptr = ptr
+        self.vocab = ll.llama_model_get_vocab(ptr)
+        self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
+        self.n_layer = int(ll.llama_model_n_layer(ptr))
+        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
+        asked = self.n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
+        self.gpu_layers = min(asked, self.n_layer + 1) if gpu_offload_supported() else 0
+        if n_gpu_layers != 0 and not gpu_offload_supported():
+            log.warning("GPU offload asked for %s, but this llama.cpp build has no GPU backend: running on CPU",
+                        self.path.name)
+        self._pieces: dict[int, bytes] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ metadata
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode(errors="replace") if n >= 0 else None
+
+    def info(self) -> ModelInfo:
+        buf = ctypes.create_string_buffer(256)
+        ll.llama_model_desc(self.ptr, buf, len(buf))
+        n_embd = int(ll.llama_model_n_embd(self.ptr))
+        n_head = max(1, int(ll.llama_model_n_head(self.ptr)))
+        n_head_kv = int(ll.llama_model_n_head_kv(self.ptr))
+        kv_cell = 2 * self.n_layer * n_head_kv * (n_embd // n_head) * 2  # K and V, f16
+        return ModelInfo(
+            path=str(self.path), description=buf.value.decode(errors="replace"),
+            n_params=int(ll.llama_model_n_params(self.ptr)), size_bytes=int(ll.llama_model_size(self.ptr)),
+            n_vocab=self.n_vocab, n_layer=self.n_layer, n_ctx_train=int(ll.llama_model_n_ctx_train(self.ptr)),
+            gpu_layers=self.gpu_layers, kv_bytes_per_cell=kv_cell)
+
+    # ------------------------------------------------------------ tokens
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as empty)."""
+        cached = self._pieces.get(token)
+        if cached is not None:
+            return cached
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        out = buf.raw[:n]
+        self._pieces[token] = out
+        return out
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary entry's raw text (for comparing vocabularies)."""
+        return (ll.llama_vocab_get_text(self.vocab, token) or b"").decode(errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    # ------------------------------------------------------------ chat
+    def chat_template(self) -> str | None:
+        t = ll.llama_model_chat_template(self.ptr, None)
+        return t.decode(errors="replace") if t else None
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        """Render messages with the GGUF's own chat template (llama.cpp's built-in renderer)."""
+        tmpl = ll.llama_model_chat_template(self.ptr, None)
+        if tmpl is None:  # no template in the file: a plain transcript
+            lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+            return "\n".join(lines) + ("\nAssistant:" if add_assistant else "")
+        keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        arr = (ll.llama_chat_message * len(keep))(*[ll.llama_chat_message(r, c) for r, c in keep])
+        size = sum(len(r) + len(c) for r, c in keep) * 2 + 1024
+        buf = ctypes.create_string_buffer(size)
+        n = ll.llama_chat_apply_template(tmpl, arr, len(keep), add_assistant, buf, size)
+        if n > size:
+            buf = ctypes.create_string_buffer(n + 1)
+            n = ll.llama_chat_apply_template(tmpl, arr, len(keep), add_assistant, buf, n + 1)
+        if n < 0:  # a template llama.cpp's renderer does not know
+            lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+            return "\n".join(lines) + ("\nAssistant:" if add_assistant else "")
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if not self._closed and self.ptr:
+            ll.llama_model_free(self.ptr)
+            self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def check_same_vocab(target: Model, draft: Model) -> None:
+    """Raise VocabMismatchError unless the two models tokenize identically."""
+    where = f"target {target.path.name} and draft {draft.path.name}"
+    if target.n_vocab != draft.n_vocab:
+        # Qwen-style pairs can pad their embedding tables differently; the vocabularies
+        # must still agree on every token both have. A gap bigger than a padding is a mismatch.
+        if abs(target.n_vocab - draft.n_vocab) > 128:
+            raise VocabMismatchError(f"{where} have different vocabularies ({target.n_vocab} vs {draft.n_vocab} tokens)")
+    n = min(target.n_vocab, draft.n_vocab)
+    rng = np.random.default_rng(0)
+    ids = np.unique(np.concatenate([np.arange(min(n, 512)), rng.integers(0, n, 512), np.arange(max(0, n - 64), n)]))
+    for t in ids.tolist():
+        if target.token_text(t) != draft.token_text(t):
+            raise VocabMismatchError(f"{where} have different vocabularies (token {t}: "
+                                     f"{target.token_text(t)!r} vs {draft.token_text(t)!r})")
+
+
+class Context:
+    """A llama_context: KV cache, thread count, batch buffer.
+
+    With n_seq_max > 1 the KV cache is unified: sequences share cells, seq_cp is
+    metadata-only, and one batch can decode tokens of many sequences (the draft
+    branches of SSD live here).
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, threads: int = 1, n_seq_max: int = 1):
+        self.model = model
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = n_seq_max
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.kv_unified = n_seq_max > 1
+        params.no_perf = True
+        ptr = ll.llama_init_from_model(model.ptr, params)
+        if not ptr:
+            raise DecodeError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}")
+        self.ptr = ptr
+        self.n_ctx = int(ll.llama_n_ctx(ptr))
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.threads = threads
+        self.mem = ll.llama_get_memory(ptr)
+        self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
+        self._closed = False
+
+    def set_threads(self, threads: int) -> None:
+        ll.llama_set_n_threads(self.ptr, threads, threads)
+        self.threads = threads
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
+               logits_for: Sequence[int]) -> np.ndarray:
+        """Decode one batch; return float32 logit rows (len(logits_for), n_vocab), in that order.
+
+        tokens[i] goes to position positions[i] of sequence(s) seqs[i]; logits_for lists
+        batch indices whose rows are wanted. For each sequence, the first position in
+        the batch must be one past its last stored position.
+        """
+        n = len(tokens)
+        if n == 0:
+            return np.empty((0, self.model.n_vocab), dtype=np.float32)
+        if n > self.n_batch:
+            raise DecodeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        if max(positions) >= self.n_ctx:
+            raise ContextFullError(f"context of {self.n_ctx} tokens is full")
+        b = self._batch
+        want = set(logits_for)
+        for i in range(n):
+            b.token[i] = tokens[i]
+            b.pos[i] = positions[i]
+            s = seqs[i]
+            if isinstance(s, int):
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = s
+            else:
+                b.n_seq_id[i] = len(s)
+                for j, sj in enumerate(s):
+                    b.seq_id[i][j] = sj
+            b.logits[i] = i in want
+        b.n_tokens = n
+        rc = ll.llama_decode(self.ptr, b)
+        if rc == 1:
+            raise ContextFullError(f"no KV cache slot for a batch of {n} tokens (context {self.n_ctx} full)")
+        if rc != 0:
+            raise DecodeError(f"llama_decode failed with code {rc} ({self.model.path.name})")
+        out = np.empty((len(logits_for), self.model.n_vocab), dtype=np.float32)
+        for r, i in enumerate(logits_for):
+            ptr = ll.llama_get_logits_ith(self.ptr, i)
+            out[r] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))  # copy: the view dies at next decode
+        return out
+
+    # ------------------------------------------------------------ KV cache
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of `seq` (p1 = -1: to the end)."""
+        if not ll.llama_memory_seq_rm(self.mem, seq, p0, p1):
+            raise DecodeError(f"could not remove positions {p0}..{p1} of sequence {seq}")
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq: int) -> None:
+        ll.llama_memory_seq_keep(self.mem, seq)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Last stored position of `seq`, -1 when empty."""
+        return int(ll.llama_memory_seq_pos_max(self.mem, seq))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self.mem, True)
+
+    def close(self) -> None:
+        if not self._closed:
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self.ptr)
+            self._closed = True
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class TextStream:
+    """Turns token ids into text incrementally; a UTF-8 character split across
+    tokens is held back until its last byte arrives."""
+
+    def __init__(self, model: Model):
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.piece(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)

@@ -1,0 +1,103 @@
+"""Configuration: a few small pydantic models, validated with clear messages.
+
+EngineConfig
+├── target: ModelConfig        (path or catalog name, threads, n_gpu_layers)
+├── draft:  ModelConfig
+├── sampling: SamplingConfig   (temperature, top-k, top-p, min-p, seed)
+├── spec: SpecConfig           (draft length k, draft-p-min, n-gram sizes)
+└── prespec: PrespecConfig     (SSD: KV-cell budget, confidence floor, policy)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import ConfigError
+
+Mode = Literal["ar", "sd", "lookup", "ssd", "auto"]
+MODES: tuple[str, ...] = ("ar", "sd", "lookup", "ssd", "auto")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Strict):
+    path: str = Field(description="catalog name or path to a .gguf file")
+    threads: int = Field(default=1, ge=1, le=256, description="CPU threads for llama_decode")
+    n_gpu_layers: int = Field(default=0, ge=-1, description="layers offloaded to the GPU (-1: all)")
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(default=0.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_k: int = Field(default=40, ge=0, description="0 = off")
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.05, ge=0.0, lt=1.0)
+    seed: int | None = Field(default=None, description="None = a fresh random seed")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class SpecConfig(_Strict):
+    k: int = Field(default=4, ge=1, le=32, description="draft tokens per round (--draft-max)")
+    k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
+    p_min: float = Field(default=0.0, ge=0.0, lt=1.0,
+                         description="stop drafting when the draft's top probability falls below this (--draft-p-min)")
+    ngram_min: int = Field(default=1, ge=1, le=8, description="shortest n-gram the lookup drafter matches")
+    ngram_max: int = Field(default=4, ge=1, le=16, description="longest n-gram the lookup drafter matches")
+
+    @field_validator("ngram_max")
+    @classmethod
+    def _order(cls, v: int, info) -> int:
+        if v < info.data.get("ngram_min", 1):
+            raise ValueError("ngram_max must be >= ngram_min")
+        return v
+
+
+class PrespecConfig(_Strict):
+    """SSD pre-speculation: which verification outcomes to prepare, and when to stop."""
+
+    budget_cells: int = Field(default=64, ge=0, description="draft KV cells that branches may hold at once")
+    min_confidence: float = Field(default=0.02, ge=0.0, le=1.0,
+                                  description="prepare an outcome only if its estimated probability is at least this")
+    fanout_max: int = Field(default=4, ge=1, le=32, description="most outcomes prepared per round (window)")
+    fanout_min: int = Field(default=1, ge=1, le=32)
+    backup_after_misses: int = Field(default=2, ge=1, description="consecutive misses before the backup speculator is considered")
+    rollback_after_misses: int = Field(default=6, ge=1, description="consecutive misses before falling back to plain sd")
+    probe_every: int = Field(default=16, ge=1, description="rounds in rolled-back sd before pre-speculation is tried again")
+    sla_ms_per_token: float | None = Field(default=None, gt=0, description="cut pre-speculation when latency exceeds this")
+    saguaro_factor: float = Field(default=1.0, gt=0.0, le=1.0,
+                                  description="SAGUARO sampling: scale of the draft's top candidates in q (1 = off)")
+    saguaro_top: int = Field(default=2, ge=1, le=16, description="how many draft candidates SAGUARO down-weights")
+
+
+class EngineConfig(_Strict):
+    target: ModelConfig
+    draft: ModelConfig | None = None
+    n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
+    n_batch: int = Field(default=512, ge=8, le=1 << 16)
+    mode: Mode = "ssd"
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    spec: SpecConfig = Field(default_factory=SpecConfig)
+    prespec: PrespecConfig = Field(default_factory=PrespecConfig)
+    verbose: bool = Field(default=False, description="let llama.cpp print its logs")
+
+    @classmethod
+    def build(cls, **kwargs) -> "EngineConfig":
+        """Validate and raise ConfigError (one line per problem) instead of ValidationError."""
+        try:
+            return cls.model_validate(kwargs)
+        except ValidationError as e:
+            raise ConfigError(describe(e)) from None
+
+
+def describe(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid setting: " + "; ".join(parts)

@@ -1,0 +1,151 @@
+"""Drafters: whatever proposes the next few tokens for the target to verify.
+
+All share one protocol: propose(history, k) -> Draft. The draft model runs a
+small LLM in its own llama.cpp context; the n-gram drafter looks the recent
+tokens up earlier in the history (prompt lookup) and costs no model at all.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from .config import SamplingConfig
+from .kvseq import KVSeq
+from .metrics import BusyClock
+from .sampling import probs, reshape_saguaro, sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: tuple[int, ...]
+    q: np.ndarray | None  # (len(tokens), V) probabilities they were sampled from; None = deterministic
+    source: str           # "draft", "ngram", "prespec"
+    # the draft model's top candidates at each drafted position (for SSD's outcome ranking)
+    cands: tuple["Candidates", ...] | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The draft's most likely tokens at one position, with their probabilities."""
+
+    ids: np.ndarray    # (m,) int64, most likely first
+    probs: np.ndarray  # (m,) float64
+
+
+def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> Candidates:
+    z = logits.astype(np.float64) / max(temperature, 1e-3)
+    m = min(m, len(z) - 1)
+    idx = np.argpartition(-z, m)[:m]
+    idx = idx[np.argsort(-z[idx], kind="stable")]
+    zmax = z[idx[0]]
+    log_norm = zmax + np.log(np.exp(z - zmax).sum())
+    return Candidates(idx.astype(np.int64), np.exp(z[idx] - log_norm))
+
+
+EMPTY = Draft((), None, "none")
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, history: Sequence[int], k: int) -> Draft: ...
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the history's last n
+    tokens (n from ngram_max down to ngram_min) and propose what followed it."""
+
+    name = "ngram"
+
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 4) -> None:
+        self.ngram_min = ngram_min
+        self.ngram_max = ngram_max
+
+    def propose(self, history: Sequence[int], k: int) -> Draft:
+        h = np.asarray(history, dtype=np.int64)
+        n_hist = len(h)
+        for n in range(min(self.ngram_max, n_hist - 1), self.ngram_min - 1, -1):
+            tail = h[n_hist - n:]
+            # windows starting at 0 .. n_hist-n-1 (exclude the tail itself)
+            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
+            hits = np.flatnonzero((windows == tail).all(axis=1))
+            if len(hits):
+                start = int(hits[-1]) + n
+                cont = h[start:start + k]
+                if len(cont):
+                    return Draft(tuple(int(t) for t in cont), None, "ngram")
+        return Draft((), None, "ngram")
+
+
+def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, saguaro_factor: float = 1.0
+                ) -> np.ndarray | None:
+    """The q row a draft token is sampled from; None for greedy (deterministic, one-hot)."""
+    if s.greedy:
+        return None
+    return reshape_saguaro(probs(logits, s), saguaro_top, saguaro_factor)
+
+
+def confidence(logits: np.ndarray) -> float:
+    """The draft's top probability at temperature 1 (for --draft-p-min)."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max())
+    return float(z.max() / z.sum())
+
+
+class ModelDrafter:
+    """A draft LLM in its own context (sequence 0 of it). Not thread-safe: one
+    thread drives it at a time (the engine for `sd`, the SSD worker for `ssd`)."""
+
+    name = "draft"
+
+    def __init__(self, kv: KVSeq, sampling: SamplingConfig, rng: np.random.Generator, p_min: float = 0.0,
+                 busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0) -> None:
+        self.ctx = kv.ctx
+        self.kv = kv  # the main sequence; SSD's worker swaps it for a branch on a hit
+        self.sampling = sampling
+        self.rng = rng
+        self.p_min = p_min
+        self.busy = busy or BusyClock()
+        self.saguaro = (saguaro_top, saguaro_factor)
+
+    def pick(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        """Choose a draft token from one logit row: (token, q row or None)."""
+        q = draft_probs(logits, self.sampling, *self.saguaro)
+        return (int(np.argmax(logits)) if q is None else sample(q, self.rng)), q
+
+    def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None) -> Draft:
+        t0 = time.perf_counter()
+        try:
+            return self.extend(history, k=k, cancelled=cancelled)
+        finally:
+            self.busy.add(time.perf_counter() - t0)
+
+    def cand_temperature(self) -> float:
+        return 1.0 if self.sampling.greedy else self.sampling.temperature
+
+    def extend(self, history: Sequence[int], tokens: Sequence[int] = (), qs: Sequence = (),
+               cands: Sequence[Candidates] = (), k: int = 4, cancelled: Callable[[], bool] | None = None,
+               source: str = "draft") -> Draft:
+        """Continue a draft (tokens, their q rows and candidates) that follows `history` until it has k tokens."""
+        toks, qs, cands = list(tokens), list(qs), list(cands)
+        row = self.kv.feed(list(history) + toks, 1, cancelled)[0]
+        while len(toks) < k:
+            if self.p_min > 0 and confidence(row) < self.p_min:
+                break
+            t, q = self.pick(row)
+            toks.append(t)
+            qs.append(q)
+            cands.append(top_candidates(row, self.cand_temperature()))
+            if len(toks) == k:
+                break
+            row = self.ctx.decode([t], [len(self.kv.tokens)], [self.kv.seq], [0])[0]
+            self.kv.tokens.append(t)
+        q = None if self.sampling.greedy or not qs else np.stack(qs)
+        return Draft(tuple(toks), q, source, tuple(cands))

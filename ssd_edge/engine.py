@@ -1,0 +1,383 @@
+"""The engine: load a target (and a draft), then propose -> verify -> commit.
+
+    for event in engine.generate("def fib(n):", max_tokens=64):
+        print(event.text, end="")
+
+Modes:  ar      the target alone, one token per step
+        sd      the draft model drafts k tokens, the target verifies them in one batch
+        lookup  the n-gram drafter (no model) drafts, the target verifies
+        ssd     sd, plus pre-speculation of the next round while the target verifies (prespec.py)
+        auto    chosen from the device's calibration profile (calibrate.py)
+
+Every mode emits exactly the target's distribution; greedy (temperature 0)
+emits exactly the target's greedy tokens (up to near-ties between batched and
+one-token logits; see tests/test_lossless.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+
+from .backend import Context, Model, TextStream, check_same_vocab
+from .catalog import resolve_model
+from .config import EngineConfig, SamplingConfig
+from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
+from .errors import ConfigError, ContextFullError
+from .events import FinishEvent, Round, StopReason, TokenEvent
+from .kvseq import Cancelled, KVSeq
+from .metrics import Meter
+from .policy import PrespecPolicy
+from .prespec import PrespecWorker
+from .sampling import probs
+from .verify import verify_greedy, verify_sampled
+
+log = logging.getLogger(__name__)
+
+Event = TokenEvent | FinishEvent
+PROVENANCE = {"none": "target", "draft": "draft", "prespec": "prespec", "ngram": "ngram"}
+
+
+class Proposal(NamedTuple):
+    draft: Draft
+    speculator: str          # none, draft, prespec, ngram
+    prespec: str | None      # SSD lookups: hit, partial, miss
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    tokens: tuple[int, ...]
+    stop_reason: StopReason
+    stats: dict[str, Any]
+
+
+# ---------------------------------------------------------------- speculation strategies
+
+class _Plain:
+    state = "ar"
+
+    def propose(self, history: list[int], k: int) -> Proposal:
+        return Proposal(EMPTY, "none", None)
+
+    def verifying(self, history: list[int], draft: Draft, k_next: int) -> None: ...
+
+    def observe(self, proposal: Proposal, accepted: int, verify_s: float, draft_s: float, ms_per_token: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _Lookup(_Plain):
+    state = "lookup"
+
+    def __init__(self, ngram: NgramDrafter) -> None:
+        self.ngram = ngram
+
+    def propose(self, history: list[int], k: int) -> Proposal:
+        return Proposal(self.ngram.propose(history, k), "ngram", None)
+
+
+class _Draft(_Plain):
+    state = "sd"
+
+    def __init__(self, drafter: ModelDrafter, cancelled: Callable[[], bool]) -> None:
+        self.drafter = drafter
+        self.cancelled = cancelled
+
+    def propose(self, history: list[int], k: int) -> Proposal:
+        return Proposal(self.drafter.propose(history, k, self.cancelled), "draft", None)
+
+
+class _SSD(_Plain):
+    """Pre-speculation with a draft-model primary and an n-gram backup."""
+
+    def __init__(self, worker: PrespecWorker, policy: PrespecPolicy, ngram: NgramDrafter, meter: Meter) -> None:
+        self.worker = worker
+        self.policy = policy
+        self.ngram = ngram
+        self.meter = meter
+
+    @property
+    def state(self) -> str:
+        return "ssd" if self.policy.state == "ssd" else self.policy.state
+
+    def propose(self, history: list[int], k: int) -> Proposal:
+        res = self.worker.lookup(history, k)
+        if res.status in ("hit", "partial"):
+            self.policy.observe_lookup(res.status)
+            return Proposal(res.draft, "prespec", res.status)
+        if res.status == "miss":
+            self.policy.observe_lookup("miss")
+            backup = self.ngram.propose(history, k)
+            if self.policy.use_backup(len(backup), k):
+                return Proposal(backup, "ngram", "miss")
+        return Proposal(self.worker.draft_now(history, k), "draft", "miss" if res.status == "miss" else None)
+
+    def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
+        self.worker.verifying(history, draft, k_next)
+
+    def observe(self, proposal: Proposal, accepted: int, verify_s: float, draft_s: float, ms_per_token: float) -> None:
+        d = len(proposal.draft)
+        self.policy.observe_verify(d, accepted, proposal.speculator)
+        if d:
+            self.policy.costs.verify_ms.add(verify_s * 1e3)
+        if proposal.speculator == "draft" and d:
+            self.policy.costs.draft_step_ms.add(draft_s * 1e3 / d)
+        self.policy.observe_round(ms_per_token)
+        self.meter.state = "backup" if proposal.speculator == "ngram" else self.state
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+# ---------------------------------------------------------------- text and stops
+
+class _Text:
+    """Committed tokens -> text deltas, holding back what could still be a stop string."""
+
+    def __init__(self, model: Model, stop: Sequence[str]) -> None:
+        self.stream = TextStream(model)
+        self.stop = [s for s in stop if s]
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, token: int) -> None:
+        self.text += self.stream.push(token)
+        for s in self.stop:
+            i = self.text.find(s, max(0, self.sent - len(s)))
+            if i >= 0:
+                self.text = self.text[:i]
+                self.stopped = True
+
+    def take(self) -> str:
+        hold = 0
+        if not self.stopped:
+            for s in self.stop:
+                for n in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
+                    if self.text.endswith(s[:n]):
+                        hold = max(hold, n)
+                        break
+        out = self.text[self.sent: len(self.text) - hold]
+        self.sent += len(out)
+        return out
+
+    def finish(self) -> str:
+        """The text not yet handed out (held-back stop-string prefixes, a last partial character)."""
+        if not self.stopped:
+            self.text += self.stream.flush()
+        out = self.text[self.sent:]
+        self.sent = len(self.text)
+        return out
+
+
+# ---------------------------------------------------------------- the engine
+
+class Engine:
+    """Owns the models and their contexts; runs one generation at a time."""
+
+    def __init__(self, config: EngineConfig, *, models_dir: str | None = None) -> None:
+        self.config = config
+        self.models_dir = models_dir
+        self.target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose)
+        self.target_ctx = Context(self.target, config.n_ctx, config.n_batch, config.target.threads)
+        self.target_kv = KVSeq(self.target_ctx)
+        self.draft: Model | None = None
+        self.draft_ctx: Context | None = None
+        self.draft_kv: KVSeq | None = None
+        if config.draft is not None:
+            self._load_draft()
+        elif config.mode in ("sd", "ssd"):
+            raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
+        self._lock = threading.Lock()
+        self.profile = None  # a calibration profile, for mode auto
+
+    def _load_draft(self) -> None:
+        cfg = self.config
+        assert cfg.draft is not None
+        self.draft = Model(resolve_model(cfg.draft.path, self.models_dir), cfg.draft.n_gpu_layers, cfg.verbose)
+        check_same_vocab(self.target, self.draft)
+        self.n_draft_seqs = cfg.prespec.fanout_max + 1
+        # Unified KV: the main sequence plus branches; cells for the budget and a margin.
+        n_ctx = cfg.n_ctx + cfg.prespec.budget_cells + 2 * cfg.spec.k + 16
+        self.draft_ctx = Context(self.draft, n_ctx, cfg.n_batch, cfg.draft.threads, self.n_draft_seqs)
+        self.draft_kv = KVSeq(self.draft_ctx, 0)
+
+    # ------------------------------------------------------------ settings
+    def configure(self, **changes: Any) -> EngineConfig:
+        """Change settings between generations, e.g. configure(mode="sd", k=6, temperature=0.7)."""
+        cfg = self.config.model_dump()
+        for key, value in changes.items():
+            if key in ("mode", "n_ctx"):
+                cfg[key] = value
+            elif key in SamplingConfig.model_fields:
+                cfg["sampling"][key] = value
+            elif key in cfg["spec"]:
+                cfg["spec"][key] = value
+            elif key in cfg["prespec"]:
+                cfg["prespec"][key] = value
+            else:
+                raise ConfigError(f"unknown setting '{key}'")
+        new = EngineConfig.build(**cfg)
+        if new.mode in ("sd", "ssd") and self.draft is None:
+            raise ConfigError(f"mode '{new.mode}' needs a draft model, and none is loaded")
+        if new.n_ctx != self.config.n_ctx:
+            raise ConfigError("n_ctx is fixed when the engine loads")
+        if self.draft is not None and new.prespec.fanout_max + 1 > self.n_draft_seqs:
+            raise ConfigError(f"fanout_max is at most {self.n_draft_seqs - 1} for the loaded draft context")
+        if self.draft is not None and new.prespec.budget_cells > self.config.prespec.budget_cells:
+            raise ConfigError("budget_cells cannot grow past the value the engine loaded with")
+        self.config = new
+        return new
+
+    def resolve_mode(self, mode: str) -> str:
+        if mode != "auto":
+            return mode
+        if self.profile is not None:
+            return self.profile.choose(self.config).mode
+        return "ssd" if self.draft is not None else "lookup"
+
+    # ------------------------------------------------------------ prompts
+    def prompt_tokens(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None) -> list[int]:
+        if messages is not None:
+            text = self.target.render_chat(messages)
+            return self.target.tokenize(text, add_special=True, parse_special=True)
+        if prompt is None:
+            raise ConfigError("give a prompt or chat messages")
+        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+
+    # ------------------------------------------------------------ generation
+    def complete(self, prompt: str | None = None, **kwargs: Any) -> Completion:
+        """Run a generation to the end and return its text and stats."""
+        for ev in self.generate(prompt, **kwargs):
+            if isinstance(ev, FinishEvent):
+                return Completion(ev.text, ev.tokens, ev.stop_reason, ev.stats)
+        raise AssertionError("generate() ended without a FinishEvent")  # pragma: no cover
+
+    def generate(self, prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
+                 tokens: Sequence[int] | None = None, max_tokens: int = 256, mode: str | None = None,
+                 stop: Sequence[str] = (), cancel: threading.Event | None = None,
+                 sampling: SamplingConfig | None = None) -> Iterator[Event]:
+        """Yield a TokenEvent per round as tokens are committed, then one FinishEvent."""
+        if max_tokens < 1:
+            raise ConfigError("max_tokens must be at least 1")
+        prompt_ids = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages)
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty")
+        if len(prompt_ids) >= self.config.n_ctx:
+            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens and does not fit in the context of "
+                                   f"{self.config.n_ctx} (raise -c/--ctx-size)")
+        mode = self.resolve_mode(mode or self.config.mode)
+        if mode in ("sd", "ssd") and self.draft is None:
+            raise ConfigError(f"mode '{mode}' needs a draft model (-md)")
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this engine is already generating; one generation at a time")
+        try:
+            yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(),
+                                 sampling or self.config.sampling)
+        finally:
+            self._lock.release()
+
+    def _strategy(self, mode: str, s: SamplingConfig, rng: np.random.Generator, meter: Meter,
+                  cancelled: Callable[[], bool]) -> _Plain:
+        cfg = self.config
+        ngram = NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max)
+        if mode == "ar":
+            return _Plain()
+        if mode == "lookup":
+            return _Lookup(ngram)
+        assert self.draft_kv is not None
+        p = cfg.prespec
+        drafter = ModelDrafter(self.draft_kv, s, rng, cfg.spec.p_min, meter.draft_busy,
+                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
+        if mode == "sd":
+            return _Draft(drafter, cancelled)
+        policy = PrespecPolicy(p, cfg.spec.k)
+        worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
+        self._worker = worker  # for tests and monitoring
+        return _SSD(worker, policy, ngram, meter)
+
+    def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
+             s: SamplingConfig) -> Iterator[Event]:
+        cfg = self.config
+        k_max = cfg.spec.k if mode != "ar" else 0
+        meter = Meter(mode, k_max, cfg.prespec.budget_cells if mode == "ssd" else 0)
+        meter.n_prompt = len(prompt)
+        target_rng, draft_rng = (np.random.default_rng(x) for x in np.random.SeedSequence(s.seed).spawn(2))
+        text = _Text(self.target, stop)
+        history = list(prompt)
+        out: list[int] = []
+        reason: StopReason | None = None
+        message: str | None = None
+        strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set)
+        try:
+            while reason is None:
+                if cancel.is_set():
+                    reason = "cancelled"
+                    break
+                room = cfg.n_ctx - len(history)  # the target's KV will hold history + draft
+                if room < 1:
+                    reason, message = "context", f"the context of {cfg.n_ctx} tokens is full"
+                    break
+                k = max(0, min(k_max, room - 1, max_tokens - len(out) - 1))
+                t_round = time.perf_counter()
+                prop = strategy.propose(history, k) if k > 0 else Proposal(EMPTY, "none", None)
+                draft = prop.draft if len(prop.draft) >= max(cfg.spec.k_min, 1) else EMPTY
+                t_verify = time.perf_counter()
+                strategy.verifying(history, draft, k_max)
+                rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, cancel.is_set)
+                verify_s = time.perf_counter() - t_verify
+                meter.target_busy.add(verify_s)
+                if s.greedy:
+                    a, b = verify_greedy(draft.tokens, rows.argmax(axis=1))
+                else:
+                    a, b = verify_sampled(draft.tokens, draft.q, probs(rows, s), target_rng)
+                meter.first_token()
+                kind = PROVENANCE[prop.speculator if len(draft) else "none"]
+                new, prov = [], []
+                for t, pv in zip([*draft.tokens[:a], b], [kind] * a + ["target"]):
+                    if self.target.is_eog(t):
+                        reason = "eos"
+                        break
+                    new.append(t)
+                    prov.append(pv)
+                    text.push(t)
+                    if text.stopped:
+                        reason = "stop"
+                        break
+                    if len(out) + len(new) >= max_tokens:
+                        reason = "length"
+                        break
+                history.extend([*draft.tokens[:a], b])
+                out.extend(new)
+                wall_ms = (time.perf_counter() - t_round) * 1e3
+                rnd = Round(len(meter.rounds), strategy.state if mode == "ssd" else mode, prop.speculator
+                            if len(draft) else "none", prop.prespec, len(draft), a, wall_ms, verify_s * 1e3,
+                            (t_verify - t_round) * 1e3)
+                strategy.observe(prop, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1))
+                meter.record(rnd, len(new))
+                yield TokenEvent(text.take(), tuple(new), tuple(prov), rnd, meter.live())
+        except Cancelled:
+            reason = "cancelled"
+        except ContextFullError as e:
+            reason, message = "context", str(e)
+        finally:
+            strategy.close()
+        tail = text.finish()
+        yield FinishEvent(text.text, tuple(out), reason or "length", meter.summary(), message, tail)
+
+    def close(self) -> None:
+        for obj in (self.draft_ctx, self.target_ctx, self.draft, self.target):
+            if obj is not None:
+                obj.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,153 @@
+"""Per-generation measurements: throughput, acceptance, pre-speculation hit
+rate, latency split by hit and miss, utilization. One Meter per generation,
+owned by the loop that runs it; nothing here is shared between threads except
+through BusyClock, whose add() is a single float update under a lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .events import LiveStats, Round, hit_rate_health
+
+
+class BusyClock:
+    """Seconds a role (draft or target) spent computing; safe to add from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds = 0.0
+
+    def add(self, dt: float) -> None:
+        with self._lock:
+            self.seconds += dt
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+class Meter:
+    def __init__(self, mode: str, k: int, budget_cells: int = 0) -> None:
+        self.mode = mode
+        self.t0 = time.perf_counter()
+        self.t_first: float | None = None
+        self.n_prompt = 0
+        self.tokens = 0
+        self.rounds: list[Round] = []
+        self.accepted_at = np.zeros(max(k, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting draft pos i
+        self.drafted_at = np.zeros(max(k, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
+        self.draft_busy = BusyClock()
+        self.target_busy = BusyClock()
+        self.latency_ms: dict[str, list[float]] = {"hit": [], "partial": [], "miss": [], "none": []}
+        self.speculators: Counter[str] = Counter()
+        self.prespec: Counter[str] = Counter()
+        self.prepared_tokens = 0  # draft tokens made by pre-speculation
+        self.used_tokens = 0      # of those, handed to the target
+        self.branch_cells = 0
+        self.branch_cells_peak = 0
+        self.budget_cells = budget_cells
+        self.state = mode
+
+    # ------------------------------------------------------------ recording
+    def first_token(self) -> None:
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+
+    def record(self, r: Round, emitted: int) -> None:
+        self.rounds.append(r)
+        self.tokens += emitted
+        self.speculators[r.speculator] += 1
+        if r.prespec:
+            self.prespec[r.prespec] += 1
+        n = len(self.drafted_at)
+        if r.drafted:
+            if r.drafted >= n:
+                self.drafted_at = np.pad(self.drafted_at, (0, r.drafted - n + 1))
+                self.accepted_at = np.pad(self.accepted_at, (0, r.drafted - n + 1))
+            self.drafted_at[: r.drafted] += 1
+            self.accepted_at[: r.accepted] += 1
+        if emitted:
+            per_token = r.wall_ms / emitted
+            self.latency_ms[r.prespec or "none"].extend([per_token] * emitted)
+
+    def set_branch_cells(self, cells: int) -> None:
+        self.branch_cells = cells
+        self.branch_cells_peak = max(self.branch_cells_peak, cells)
+
+    # ------------------------------------------------------------ reading
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.t0, 1e-9)
+
+    def acceptance(self) -> float | None:
+        drafted = int(self.drafted_at.sum())
+        return float(self.accepted_at.sum()) / drafted if drafted else None
+
+    def hit_rate(self) -> float | None:
+        n = sum(self.prespec.values())
+        return self.prespec["hit"] / n if n else None
+
+    def live(self) -> LiveStats:
+        wall = self.elapsed()
+        return LiveStats(
+            tokens=self.tokens, tokens_per_s=self.tokens / wall, acceptance=self.acceptance(),
+            hit_rate=self.hit_rate(), draft_util=min(1.0, self.draft_busy.seconds / wall),
+            target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=self.branch_cells,
+            budget_cells=self.budget_cells, mode=self.mode, state=self.state)
+
+    def summary(self) -> dict[str, Any]:
+        wall = self.elapsed()
+        ttft = (self.t_first - self.t0) if self.t_first else None
+        decode_time = wall - ttft if ttft is not None else wall
+        drafted = int(self.drafted_at.sum())
+        spec_rounds = [r for r in self.rounds if r.drafted]
+        lookups = sum(self.prespec.values())
+        all_lat = [x for v in self.latency_ms.values() for x in v]
+        miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
+        return {
+            "mode": self.mode,
+            "prompt_tokens": self.n_prompt,
+            "tokens": self.tokens,
+            "rounds": len(self.rounds),
+            "wall_s": wall,
+            "ttft_s": ttft,
+            # decode speed excludes the prompt and first token: tokens after the first over the time after it
+            "tokens_per_s": (self.tokens - 1) / decode_time if self.tokens > 1 and decode_time > 0 else 0.0,
+            "end_to_end_tokens_per_s": self.tokens / wall,
+            "drafted": drafted,
+            "accepted": int(self.accepted_at.sum()),
+            "acceptance_rate": self.acceptance(),
+            "mean_accepted_len": float(np.mean([r.accepted for r in spec_rounds])) if spec_rounds else None,
+            "per_position_acceptance": [float(a / d) if d else None
+                                        for a, d in zip(self.accepted_at.tolist(), self.drafted_at.tolist())
+                                        if d],
+            "draft_busy_s": self.draft_busy.seconds,
+            "target_busy_s": self.target_busy.seconds,
+            "draft_util": min(1.0, self.draft_busy.seconds / wall),
+            "target_util": min(1.0, self.target_busy.seconds / wall),
+            "latency_ms_p50": _pct(all_lat, 50),
+            "latency_ms_p95": _pct(all_lat, 95),
+            "prespec": {
+                "lookups": lookups,
+                "hits": self.prespec["hit"],
+                "partial_hits": self.prespec["partial"],
+                "misses": self.prespec["miss"],
+                "hit_rate": self.hit_rate(),
+                "partial_rate": self.prespec["partial"] / lookups if lookups else None,
+                "health": hit_rate_health(self.hit_rate()),
+                "latency_ms_hit_p50": _pct(self.latency_ms["hit"], 50),
+                "latency_ms_hit_p95": _pct(self.latency_ms["hit"], 95),
+                "latency_ms_miss_p50": _pct(miss_lat, 50),
+                "latency_ms_miss_p95": _pct(miss_lat, 95),
+                "prepared_tokens": self.prepared_tokens,
+                "used_tokens": self.used_tokens,
+                "waste": 1 - self.used_tokens / self.prepared_tokens if self.prepared_tokens else None,
+                "branch_cells_peak": self.branch_cells_peak,
+                "budget_cells": self.budget_cells,
+            },
+            "speculators": dict(self.speculators),
+        }

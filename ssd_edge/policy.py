@@ -1,0 +1,142 @@
+"""The SSD policy: every decision about *whether* and *how much* to pre-speculate.
+
+- outcome probabilities P(a) from per-position acceptance history;
+- the window (how many outcomes to prepare) grows while hit rate and
+  acceptance are high and shrinks when they are low;
+- after `backup_after_misses` consecutive misses, a miss is served by the
+  n-gram backup when it is predicted faster than drafting just in time;
+- after `rollback_after_misses` consecutive misses, pre-speculation is switched
+  off (plain `sd`) and probed again `probe_every` rounds later;
+- with an SLA (ms per token), pre-speculation is cut while latency exceeds it.
+
+Pure state and arithmetic: no threads, no models; tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .config import PrespecConfig
+from .events import HIT_RATE_HEALTHY, HIT_RATE_POOR
+
+State = Literal["ssd", "rolled-back", "sla-cut"]
+
+
+class Ema:
+    """Exponential moving average; with no initial value the first sample sets it."""
+
+    def __init__(self, value: float | None, alpha: float = 0.2) -> None:
+        self.value = value
+        self.alpha = alpha
+
+    def add(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        return self.value
+
+
+@dataclass
+class Costs:
+    """Measured step costs (ms), for choosing between just-in-time drafting and the backup."""
+
+    verify_ms: Ema
+    draft_step_ms: Ema
+
+
+class PrespecPolicy:
+    def __init__(self, cfg: PrespecConfig, k: int) -> None:
+        self.cfg = cfg
+        self.k = k
+        self.alpha = [Ema(0.8) for _ in range(max(k, 1))]  # P(accept draft pos i | accepted all before)
+        self.ngram_accept = Ema(0.3)                           # accepted / proposed for n-gram drafts
+        self.costs = Costs(Ema(100.0), Ema(40.0))
+        self.recent_hits: deque[bool] = deque(maxlen=16)
+        self.latency_ms = Ema(None, alpha=0.3)
+        self.fanout = min(max(cfg.fanout_min, 2), cfg.fanout_max)
+        self.miss_streak = 0
+        self.state: State = "ssd"
+        self._rounds_off = 0
+
+    # ------------------------------------------------------------ observations
+    def observe_verify(self, drafted: int, accepted: int, source: str) -> None:
+        if drafted == 0:
+            return
+        if source == "ngram":
+            self.ngram_accept.add(accepted / drafted)
+            return
+        for i in range(min(drafted, len(self.alpha))):
+            if i > accepted:
+                break
+            self.alpha[i].add(1.0 if i < accepted else 0.0)  # position i was reached; was it accepted?
+
+    def observe_lookup(self, outcome: Literal["hit", "partial", "miss"]) -> None:
+        hit = outcome != "miss"
+        self.recent_hits.append(outcome == "hit")
+        self.miss_streak = 0 if hit else self.miss_streak + 1
+        if self.miss_streak >= self.cfg.rollback_after_misses and self.state == "ssd":
+            self._switch_off("rolled-back")
+        rate = self.hit_rate()
+        acc = self.acceptance()
+        if rate is not None and len(self.recent_hits) >= 4:
+            if rate >= HIT_RATE_HEALTHY and acc >= 0.6:
+                self.fanout = min(self.fanout + 1, self.cfg.fanout_max)
+            elif rate < HIT_RATE_POOR:
+                self.fanout = max(self.fanout - 1, self.cfg.fanout_min)
+
+    def observe_round(self, ms_per_token: float) -> None:
+        """Once per round: latency, and the clock of a rolled-back or cut state."""
+        lat = self.latency_ms.add(ms_per_token)
+        if self.state != "ssd":
+            self._rounds_off += 1
+            if self._rounds_off >= self.cfg.probe_every:  # probe: try pre-speculation again
+                self.state = "ssd"
+                self.miss_streak = 0
+                self.recent_hits.clear()
+        elif self.cfg.sla_ms_per_token is not None and lat > self.cfg.sla_ms_per_token:
+            if self.fanout > self.cfg.fanout_min:
+                self.fanout = self.cfg.fanout_min
+            else:
+                self._switch_off("sla-cut")
+
+    def _switch_off(self, state: State) -> None:
+        self.state = state
+        self._rounds_off = 0
+        self.fanout = self.cfg.fanout_min
+
+    # ------------------------------------------------------------ decisions
+    @property
+    def prespec_enabled(self) -> bool:
+        return self.state == "ssd" and self.cfg.budget_cells > 0
+
+    def hit_rate(self) -> float | None:
+        return float(np.mean(self.recent_hits)) if self.recent_hits else None
+
+    def acceptance(self) -> float:
+        return float(np.mean([a.value for a in self.alpha]))
+
+    def outcome_probs(self, k: int) -> np.ndarray:
+        """P(a accepted), a = 0..k, from per-position acceptance: P(a) = prod_{i<a} alpha_i * (1 - alpha_a)."""
+        al = np.array([self.alpha[min(i, len(self.alpha) - 1)].value for i in range(k)])
+        reach = np.concatenate([[1.0], np.cumprod(al)])  # reach[a] = P(first a accepted)
+        out = reach.copy()
+        out[:k] *= 1.0 - al
+        return out
+
+    def use_backup(self, ngram_len: int, k: int) -> bool:
+        """On a miss: serve the round with the n-gram backup instead of drafting just in time?
+
+        Expected tokens per ms: JIT draft (1 + E[accepted]) / (verify + k * draft_step) against
+        the backup (1 + E[accepted_ngram]) / verify; only after a streak of misses."""
+        if ngram_len == 0 or self.miss_streak < self.cfg.backup_after_misses:
+            return False
+        probs = self.outcome_probs(k)
+        e_draft = float(np.dot(np.arange(k + 1), probs))
+        e_ngram = self.ngram_accept.value * ngram_len
+        v, c = self.costs.verify_ms.value, self.costs.draft_step_ms.value
+        return (1 + e_ngram) / v > (1 + e_draft) / (v + k * c)
+
+    def label(self) -> str:
+        return self.state

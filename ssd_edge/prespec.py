@@ -1,0 +1,330 @@
+"""SSD pre-speculation (SAGUARO): prepare the next draft while the target verifies.
+
+While the target verifies round t (history C, draft d of k tokens), the worker
+thread, which alone owns the draft context, guesses the verification outcome
+(a, b): a = draft tokens accepted (0..k), b = the target's recovery token
+(a < k; never d[a] itself, whose residual mass is zero) or bonus token (a = k).
+For the likeliest outcomes it drafts the next round ahead of time, each in its
+own sequence ("branch") of one unified-KV draft context:
+
+    seq main :  C + d[0..k-1]                          (decoded while drafting d)
+    branch s :  C + d[0..a-1] | b  e1 .. e_{k-1}       (shares C + d[:a] with main)
+
+When the outcome arrives, the SpeculationCache answers in O(1):
+    hit     : branch (a, b) is fully drafted -> handed to the target at once;
+    partial : branch (a, b) was still growing -> its prefix is kept, the rest drafted;
+    miss    : no branch -> all branches dropped; the engine drafts just in time or
+              uses the backup speculator.
+Branches are grown best-first: the likeliest outcome alone (so it is ready
+soonest), then the others together in one batch per depth step. The worker
+checks its inbox between decodes, so a verification result is served within
+one draft decode. Branches never hold more than `budget_cells` KV cells.
+
+Losslessness does not depend on any of this: a prepared draft is only a
+proposal, verified against the target like any other, with the q rows it was
+sampled from.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from .config import PrespecConfig
+from .drafters import Candidates, Draft, ModelDrafter, top_candidates
+from .kvseq import KVSeq, common_prefix
+from .metrics import Meter
+from .policy import PrespecPolicy
+
+
+class Outcome(NamedTuple):
+    a: int        # draft tokens accepted
+    b: int        # recovery (a < k) or bonus (a == k) token
+    score: float  # estimated probability
+
+
+def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: np.ndarray, *, fanout: int,
+                  min_confidence: float, budget_cells: int, cells_per_branch: int) -> list[Outcome]:
+    """The outcomes worth preparing, likeliest first.
+
+    P(a, b) = P(a) * P(b | a), where P(a) comes from acceptance history and
+    P(b | a) from the draft's own distribution at position a: for a < k the
+    drafted token is excluded and the rest renormalised (the target's residual
+    has no mass on it); for a == k, the draft's distribution after d[k-1].
+    Kept while score >= min_confidence, at most `fanout`, within the cell budget.
+    """
+    k = len(draft)
+    scored: list[Outcome] = []
+    for a in range(min(k + 1, len(cands))):
+        ids, pr = cands[a].ids, cands[a].probs
+        if a < k:
+            is_drafted = ids == draft[a]
+            rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
+            ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
+        scored.extend(Outcome(a, int(t), float(p_accept[a] * pb)) for t, pb in zip(ids, pr))
+    scored.sort(key=lambda o: -o.score)
+    plan: list[Outcome] = []
+    for o in scored:
+        if o.score < min_confidence or len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
+            break
+        plan.append(o)
+    return plan
+
+
+@dataclass
+class Branch:
+    """One prepared continuation: history C + d[:a] + [b], then `tokens`."""
+
+    a: int
+    b: int
+    seq: int
+    pos: int                  # next KV position to write in this sequence
+    feed: int                 # the token to decode next (b, then each drafted token)
+    tokens: list[int] = field(default_factory=list)
+    qs: list[Any] = field(default_factory=list)
+    cands: list[Candidates] = field(default_factory=list)
+    cells: int = 0            # KV cells this branch holds beyond the shared prefix
+    done: bool = False
+
+
+class SpeculationCache:
+    """(a, b) -> Branch, with the cells they hold."""
+
+    def __init__(self) -> None:
+        self.branches: dict[tuple[int, int], Branch] = {}
+
+    def get(self, a: int, b: int) -> Branch | None:
+        return self.branches.get((a, b))
+
+    def put(self, br: Branch) -> None:
+        self.branches[(br.a, br.b)] = br
+
+    def cells(self) -> int:
+        return sum(br.cells for br in self.branches.values())
+
+    def prepared_tokens(self) -> int:
+        return sum(len(br.tokens) for br in self.branches.values())
+
+    def pop_all(self) -> list[Branch]:
+        out = list(self.branches.values())
+        self.branches.clear()
+        return out
+
+
+class LookupResult(NamedTuple):
+    status: str           # "hit", "partial", "miss", or "none" (nothing was pre-speculated)
+    draft: Draft | None
+
+
+class PrespecWorker:
+    """The draft side of SSD, on its own thread. The engine calls lookup() /
+    draft_now() (blocking; answered between two draft decodes) and verifying()
+    (returns at once; starts pre-speculation)."""
+
+    def __init__(self, drafter: ModelDrafter, policy: PrespecPolicy, cfg: PrespecConfig, meter: Meter,
+                 n_seq: int, cancelled: Callable[[], bool] | None = None) -> None:
+        self.drafter = drafter
+        self.ctx = drafter.ctx
+        self.policy = policy
+        self.cfg = cfg
+        self.meter = meter
+        self.cancelled = cancelled
+        self.cache = SpeculationCache()
+        self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
+        self.base: tuple[list[int], Draft] | None = None
+        self.max_cells_seen = 0
+        self.error: BaseException | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ engine side
+    def lookup(self, history: list[int], k: int) -> LookupResult:
+        return self._call("lookup", history, k)
+
+    def draft_now(self, history: list[int], k: int) -> Draft:
+        return self._call("draft_now", history, k)
+
+    def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
+        self._inbox.put(("verifying", (list(history), draft, k_next)))
+
+    def close(self) -> None:
+        """Stop the thread and leave the draft context with one sequence (0)."""
+        if self._thread.is_alive():
+            self._inbox.put(("stop", ()))
+            self._thread.join()
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        self._inbox.put((kind, args))
+        status, value = self._outbox.get()
+        if status == "err":
+            raise value
+        return value
+
+    # ------------------------------------------------------------ worker thread
+    def _run(self) -> None:
+        while True:
+            kind, args = self._inbox.get()
+            if kind == "stop":
+                self._finish()
+                return
+            try:
+                if kind == "verifying":
+                    self._prespec(*args)
+                    continue
+                if self.error is not None:
+                    raise self.error
+                result = self._lookup(*args) if kind == "lookup" else self._draft_now(*args)
+                self._outbox.put(("ok", result))
+            except BaseException as e:  # handed to the engine thread, raised there
+                if kind == "verifying":
+                    self.error = e
+                else:
+                    self._outbox.put(("err", e))
+
+    def _interrupted(self) -> bool:
+        return not self._inbox.empty()
+
+    def _busy(self, t0: float) -> None:
+        self.drafter.busy.add(time.perf_counter() - t0)
+
+    def _draft_now(self, history: list[int], k: int) -> Draft:
+        self._drop_branches()
+        self.base = None
+        t0 = time.perf_counter()
+        try:
+            return self.drafter.extend(history, k=k, cancelled=self.cancelled)
+        finally:
+            self._busy(t0)
+
+    def _lookup(self, history: list[int], k: int) -> LookupResult:
+        if self.base is None:
+            return LookupResult("none", None)
+        C, d = self.base
+        self.base = None
+        n = len(C)
+        a = common_prefix(history[n:], d.tokens)
+        br = None
+        if len(history) == n + a + 1 and history[:n] == C:
+            br = self.cache.get(a, history[n + a])
+        if br is None:
+            self._drop_branches()
+            return LookupResult("miss", None)
+        # The branch becomes the main sequence; every other sequence goes.
+        self.cache.branches.pop((br.a, br.b))
+        self._drop_branches()
+        old = self.drafter.kv.seq
+        self.ctx.seq_rm(old, 0, -1)
+        self.free_seqs.append(old)
+        kv = KVSeq(self.ctx, br.seq)
+        fed = br.pos - len(history)  # drafted tokens already in the branch's KV (-1: not even b yet)
+        kv.tokens = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
+        self.drafter.kv = kv
+        self.meter.used_tokens += min(len(br.tokens), k)
+        if br.done or len(br.tokens) >= k:
+            n_tok = min(len(br.tokens), k)
+            q = None if not br.qs or br.qs[0] is None else np.stack(br.qs[:n_tok])
+            return LookupResult("hit", Draft(tuple(br.tokens[:n_tok]), q, "prespec", tuple(br.cands[:n_tok])))
+        t0 = time.perf_counter()
+        try:
+            draft = self.drafter.extend(history, br.tokens, br.qs, br.cands, k=k, source="prespec")
+        finally:
+            self._busy(t0)
+        return LookupResult("partial", draft)
+
+    def _drop_branches(self) -> None:
+        for br in self.cache.pop_all():
+            self.ctx.seq_rm(br.seq, 0, -1)
+            self.free_seqs.append(br.seq)
+        self.meter.set_branch_cells(0)
+
+    def _prespec(self, history: list[int], draft: Draft, k_next: int) -> None:
+        if not self.policy.prespec_enabled or self._interrupted():
+            return
+        self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
+        t0 = time.perf_counter()
+        try:
+            self._prepare(history, draft, k_next)
+        finally:
+            self._busy(t0)
+
+    def _prepare(self, history: list[int], draft: Draft, k_next: int) -> None:
+        k = len(draft)
+        temp = self.drafter.cand_temperature()
+        cands = list(draft.cands or ())
+        if len(cands) < k:  # not drafted by the model here (n-gram backup): decode it all
+            rows = self.drafter.kv.feed(history + list(draft.tokens), k + 1, self.cancelled)
+            cands = [top_candidates(r, temp) for r in rows]
+        else:  # only the last draft token is new: its row gives the bonus candidates
+            row = self.drafter.kv.feed(history + list(draft.tokens), 1, self.cancelled)[0]
+            cands = cands[:k] + [top_candidates(row, temp)]
+        if self._interrupted():
+            return
+        plan = rank_outcomes(draft.tokens, cands, self.policy.outcome_probs(k), fanout=self.policy.fanout,
+                             min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
+                             cells_per_branch=k_next)
+        if not plan:
+            return
+        n = len(history)
+        main = self.drafter.kv.seq
+        for group in (plan[:1], plan[1:]):
+            branches = []
+            for o in group:
+                if not self.free_seqs:
+                    break
+                seq = self.free_seqs.pop()
+                self.ctx.seq_cp(main, seq, 0, n + o.a)  # shares the cells of C + d[:a]: metadata only
+                br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
+                self.cache.put(br)
+                branches.append(br)
+            if not self._grow(branches, k_next):
+                return
+
+    def _grow(self, branches: list[Branch], depth: int) -> bool:
+        """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
+        drafter = self.drafter
+        while True:
+            live = [br for br in branches if not br.done]
+            if not live:
+                return True
+            if self._interrupted() or (self.cancelled and self.cancelled()):
+                return False
+            rows = self.ctx.decode([br.feed for br in live], [br.pos for br in live], [br.seq for br in live],
+                                   list(range(len(live))))
+            for br, row in zip(live, rows):
+                br.pos += 1
+                br.cells += 1
+                if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
+                    br.done = True
+                    continue
+                t, q = drafter.pick(row)
+                br.tokens.append(t)
+                br.qs.append(q)
+                br.cands.append(top_candidates(row, drafter.cand_temperature()))
+                br.feed = t
+                self.meter.prepared_tokens += 1
+                br.done = len(br.tokens) >= depth
+            cells = self.cache.cells()
+            self.max_cells_seen = max(self.max_cells_seen, cells)
+            self.meter.set_branch_cells(cells)
+
+    def _finish(self) -> None:
+        """Drop branches and move the main sequence back to 0 for the next generation."""
+        try:
+            self._drop_branches()
+            kv = self.drafter.kv
+            if kv.seq != 0:
+                self.ctx.seq_rm(0, 0, -1)
+                self.ctx.seq_cp(kv.seq, 0, 0, -1)
+                self.ctx.seq_rm(kv.seq, 0, -1)
+                new = KVSeq(self.ctx, 0)
+                new.tokens = kv.tokens
+                self.drafter.kv = new
+        except BaseException as e:  # pragma: no cover - reported at the next use
+            self.error = e

@@ -1,0 +1,87 @@
+"""Logit rows -> the probability vectors actually sampled from.
+
+The same transform is applied to the target's rows (p) and the draft's rows
+(q); speculative sampling is exact only when both sides see identical
+temperature / top-k / top-p / min-p. Temperature 0 means greedy: a one-hot
+vector at the argmax (ties broken towards the lower id, like numpy.argmax).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import SamplingConfig
+
+_TOP_P_CANDIDATES = 1024  # top-p looks at this many largest first, and the full row only if needed
+
+
+def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
+    """(V,) or (n, V) float logits -> same-shape float64 probabilities."""
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim == 2:
+        return np.stack([probs(row, s) for row in x]) if len(x) else x.copy()
+    out = np.zeros_like(x)
+    if s.greedy:
+        out[int(np.argmax(x))] = 1.0
+        return out
+    z = x / s.temperature
+    n = z.shape[0]
+    # Candidates: all tokens, or the top-k.
+    if 0 < s.top_k < n:
+        idx = np.argpartition(-z, s.top_k - 1)[: s.top_k]
+    else:
+        idx = np.arange(n)
+    zc = z[idx]
+    p = np.exp(zc - zc.max())
+    p /= p.sum()
+    if s.min_p > 0.0:  # keep tokens with p >= min_p * p_max
+        keep = p >= s.min_p * p.max()
+        idx, p = idx[keep], p[keep]
+        p /= p.sum()
+    if s.top_p < 1.0:  # smallest set, by descending p, whose mass reaches top_p
+        order = _descending(p)
+        cum = np.cumsum(p[order])
+        cut = int(np.searchsorted(cum, s.top_p, side="left")) + 1
+        keep = order[:cut]
+        idx, p = idx[keep], p[keep]
+        p /= p.sum()
+    out[idx] = p
+    return out
+
+
+def _descending(p: np.ndarray) -> np.ndarray:
+    """Indices of p sorted descending (stable), sorting only the large head when it suffices."""
+    if len(p) > 2 * _TOP_P_CANDIDATES:
+        head = np.argpartition(-p, _TOP_P_CANDIDATES)[:_TOP_P_CANDIDATES]
+        head = head[np.argsort(-p[head], kind="stable")]
+        if p[head].sum() >= 1.0 - 1e-12:
+            return head
+    return np.argsort(-p, kind="stable")
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from probability vector p."""
+    nz = np.flatnonzero(p)
+    if len(nz) == 1:
+        return int(nz[0])
+    w = p[nz]
+    return int(nz[np.searchsorted(np.cumsum(w), rng.random() * w.sum(), side="right").clip(max=len(nz) - 1)])
+
+
+def reshape_saguaro(q: np.ndarray, top: int, factor: float) -> np.ndarray:
+    """SAGUARO sampling: scale q's `top` most likely tokens by `factor` (< 1) and renormalise.
+
+    The draft then samples from the reshaped q', and verification uses the same
+    q', so the output is still exactly the target's distribution; the residual
+    max(0, p - q') grows on exactly the tokens the pre-speculation cache holds
+    recovery branches for, so misses land on prepared branches more often.
+    """
+    if factor >= 1.0:
+        return q
+    nz = np.count_nonzero(q)
+    if nz <= 1:
+        return q
+    out = q.copy()
+    top_idx = np.argpartition(-q, min(top, nz - 1))[:min(top, nz - 1)]
+    out[top_idx] *= factor
+    return out / out.sum()
