@@ -1,0 +1,64 @@
+"""A cheap real draft/target pair for tests: SmolLM2-135M-Instruct as the target
+and, as the draft, the same GGUF with only its first L transformer blocks kept.
+
+Same vocabulary, real weights, a few hundred ms per generation; the truncated
+draft agrees with the target often enough to exercise accepted drafts and
+rarely enough to exercise rejections. Generated once and cached beside the
+models (never committed)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ssd_edge import catalog, paths
+
+TARGET = "smollm2-135m"
+DRAFT_LAYERS = 28
+
+
+def ensure_target() -> Path:
+    cat = catalog.load_catalog()
+    path, _ = catalog.pull(cat.get(TARGET))
+    return path
+
+
+def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:
+    """Write `src` keeping blocks 0..layers-1 (block_count rewritten); quantized tensors copy as raw bytes."""
+    import gguf
+
+    if dst.exists():
+        return dst
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        value = layers if field.name == block_key else field.contents()
+        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+    keep = [t for t in reader.tensors
+            if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
+    for t in keep:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in keep:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    tmp.replace(dst)
+    return dst
+
+
+def ensure_pair(layers: int = DRAFT_LAYERS) -> tuple[Path, Path]:
+    target = ensure_target()
+    out_dir = paths.home() / "test-models"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    draft = truncated_gguf(target, out_dir / f"smollm2-135m-first{layers}.gguf", layers)
+    return target, draft
