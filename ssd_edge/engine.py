@@ -182,31 +182,43 @@ class Engine:
     """Owns the models and their contexts; runs one generation at a time."""
 
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None) -> None:
-        self.config = config
-        self.models_dir = models_dir
-        self.target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose)
-        self.target_ctx = Context(self.target, config.n_ctx, config.n_batch, config.target.threads)
-        self.target_kv = KVSeq(self.target_ctx)
-        self.draft: Model | None = None
-        self.draft_ctx: Context | None = None
-        self.draft_kv: KVSeq | None = None
-        if config.draft is not None:
-            self._load_draft()
-        elif config.mode in ("sd", "ssd"):
+        if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
-        self._lock = threading.Lock()
-        self.profile = None  # a calibration profile, for mode auto
+        target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose)
+        target_ctx = Context(target, config.n_ctx, config.n_batch, config.target.threads)
+        draft = draft_ctx = None
+        try:
+            if config.draft is not None:
+                draft = Model(resolve_model(config.draft.path, models_dir), config.draft.n_gpu_layers, config.verbose)
+                check_same_vocab(target, draft)
+                # Unified KV: the main sequence plus one per branch; cells for the budget and a margin.
+                n_ctx = config.n_ctx + config.prespec.budget_cells + 2 * config.spec.k + 16
+                draft_ctx = Context(draft, n_ctx, config.n_batch, config.draft.threads, config.prespec.fanout_max + 1)
+        except BaseException:
+            for obj in (draft_ctx, draft, target_ctx, target):
+                if obj is not None:
+                    obj.close()
+            raise
+        self._attach(config, target, target_ctx, draft, draft_ctx)
 
-    def _load_draft(self) -> None:
-        cfg = self.config
-        assert cfg.draft is not None
-        self.draft = Model(resolve_model(cfg.draft.path, self.models_dir), cfg.draft.n_gpu_layers, cfg.verbose)
-        check_same_vocab(self.target, self.draft)
-        self.n_draft_seqs = cfg.prespec.fanout_max + 1
-        # Unified KV: the main sequence plus branches; cells for the budget and a margin.
-        n_ctx = cfg.n_ctx + cfg.prespec.budget_cells + 2 * cfg.spec.k + 16
-        self.draft_ctx = Context(self.draft, n_ctx, cfg.n_batch, cfg.draft.threads, self.n_draft_seqs)
-        self.draft_kv = KVSeq(self.draft_ctx, 0)
+    @classmethod
+    def from_parts(cls, config: EngineConfig, target: Any, target_ctx: Any, draft: Any = None,
+                   draft_ctx: Any = None) -> "Engine":
+        """An engine over models and contexts built elsewhere (the tests' fake backend)."""
+        self = cls.__new__(cls)
+        self._attach(config, target, target_ctx, draft, draft_ctx)
+        return self
+
+    def _attach(self, config: EngineConfig, target: Any, target_ctx: Any, draft: Any, draft_ctx: Any) -> None:
+        self.config = config
+        self.target, self.target_ctx = target, target_ctx
+        self.target_kv = KVSeq(target_ctx)
+        self.draft, self.draft_ctx = draft, draft_ctx
+        self.draft_kv = KVSeq(draft_ctx, 0) if draft_ctx is not None else None
+        self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
+        self._lock = threading.Lock()
+        self._worker: PrespecWorker | None = None
+        self.profile = None  # a calibration profile, for mode auto
 
     # ------------------------------------------------------------ settings
     def configure(self, **changes: Any) -> EngineConfig:
@@ -368,6 +380,9 @@ class Engine:
             reason, message = "context", str(e)
         finally:
             strategy.close()
+            if self._worker is not None:  # the worker may have moved the draft's main sequence
+                self.draft_kv = self._worker.drafter.kv
+                self._worker = None
         tail = text.finish()
         yield FinishEvent(text.text, tuple(out), reason or "length", meter.summary(), message, tail)
 

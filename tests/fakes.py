@@ -1,0 +1,138 @@
+"""A fake llama.cpp backend: a tiny deterministic 'language model' behind the
+same interface as ssd_edge.backend.Model / Context, for testing the engine and
+SSD pre-speculation without weights.
+
+FakeContext keeps a real cell table like llama.cpp's unified KV cache: each
+decoded token takes a cell that belongs to a set of sequences; seq_cp adds a
+sequence to cells (no new cells), seq_rm removes it, and a cell with no
+sequence is freed. decode() enforces llama.cpp's rule that a sequence's first
+position in a batch is its last stored position + 1, and computes logits from
+the sequence's stored tokens, so a wrong KV state gives wrong logits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ssd_edge.errors import ContextFullError, DecodeError
+
+V = 32
+EOS = 0
+
+
+def lm_logits(tokens: Sequence[int], disagree_every: int = 0) -> np.ndarray:
+    """The fake model: a peaked distribution over V tokens given the prefix.
+
+    The favourite next token is (3 * last + len) % (V - 1) + 1 (never EOS); the
+    runner-up is favourite + 1. With disagree_every = n > 0 (the draft), every
+    n-th position prefers the runner-up instead, so drafts get rejected there.
+    """
+    last = tokens[-1] if tokens else 1
+    fav = (3 * last + len(tokens)) % (V - 1) + 1
+    alt = fav % (V - 1) + 1
+    if disagree_every and len(tokens) % disagree_every == 0:
+        fav, alt = alt, fav
+    z = np.full(V, -4.0, dtype=np.float32)
+    z[fav] = 4.0
+    z[alt] = 2.5
+    z[(fav + 7) % (V - 1) + 1] = 1.0
+    return z
+
+
+class FakeModel:
+    def __init__(self, name: str = "fake", disagree_every: int = 0) -> None:
+        self.path = Path(f"/fake/{name}.gguf")
+        self.n_vocab = V
+        self.disagree_every = disagree_every
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+    def piece(self, token: int) -> bytes:
+        return f"<{token}>".encode()
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [1 + (ord(c) % (V - 1)) for c in text]
+
+    def render_chat(self, messages, add_assistant: bool = True) -> str:
+        return "".join(m["content"] for m in messages)
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Cell:
+    pos: int
+    token: int
+    seqs: set[int] = field(default_factory=set)
+
+
+class FakeContext:
+    def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 64, n_seq_max: int = 1,
+                 decode_delay: float | Callable[[int], float] = 0.0, main_seq: Callable[[], int] | None = None
+                 ) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_seq_max = n_seq_max
+        self.cells: list[Cell] = []
+        self.decode_delay = decode_delay
+        self.decodes = 0
+        self.batch_sizes: list[int] = []
+
+    # -- the sequence's tokens, in position order
+    def seq_tokens(self, seq: int) -> list[int]:
+        mine = sorted((c.pos, c.token) for c in self.cells if seq in c.seqs)
+        assert [p for p, _ in mine] == list(range(len(mine))), f"sequence {seq} has holes: {mine}"
+        return [t for _, t in mine]
+
+    def seq_pos_max(self, seq: int) -> int:
+        return max((c.pos for c in self.cells if seq in c.seqs), default=-1)
+
+    def decode(self, tokens, positions, seqs, logits_for) -> np.ndarray:
+        n = len(tokens)
+        if n > self.n_batch:
+            raise DecodeError("batch too large")
+        delay = self.decode_delay(n) if callable(self.decode_delay) else self.decode_delay
+        if delay:
+            time.sleep(delay)
+        first: dict[int, int] = {}
+        for pos, s in zip(positions, seqs):
+            for sid in ([s] if isinstance(s, int) else s):
+                assert 0 <= sid < self.n_seq_max, f"seq {sid} out of range"
+                first.setdefault(sid, pos)
+        for sid, pos in first.items():
+            assert pos == self.seq_pos_max(sid) + 1, f"seq {sid}: batch starts at {pos}, stored up to {self.seq_pos_max(sid)}"
+        if len(self.cells) + n > self.n_ctx:
+            raise ContextFullError("fake context full")
+        rows = {}
+        for i, (t, pos, s) in enumerate(zip(tokens, positions, seqs)):
+            self.cells.append(Cell(pos, int(t), set([s] if isinstance(s, int) else s)))
+            if i in logits_for:
+                sid = s if isinstance(s, int) else s[0]
+                rows[i] = lm_logits(self.seq_tokens(sid), self.model.disagree_every)
+        self.decodes += 1
+        self.batch_sizes.append(n)
+        return np.stack([rows[i] for i in logits_for]) if logits_for else np.empty((0, V), np.float32)
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        for c in self.cells:
+            if seq in c.seqs and c.pos >= p0 and (p1 < 0 or c.pos < p1):
+                c.seqs.discard(seq)
+        self.cells = [c for c in self.cells if c.seqs]
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        for c in self.cells:
+            if src in c.seqs and c.pos >= p0 and (p1 < 0 or c.pos < p1):
+                c.seqs.add(dst)
+
+    def cells_outside(self, seq: int) -> int:
+        """Cells not held by `seq` (branch cells when `seq` is the main sequence)."""
+        return sum(1 for c in self.cells if seq not in c.seqs)
+
+    def close(self) -> None: ...
