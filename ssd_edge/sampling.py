@@ -52,8 +52,8 @@ def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
 def _descending(p: np.ndarray) -> np.ndarray:
     """Indices of p sorted descending (stable), sorting only the large head when it suffices."""
     if len(p) > 2 * _TOP_P_CANDIDATES:
-        head = np.argpartition(-p, _TOP_P_CANDIDATES)[:_TOP_P_CANDIDATES]
-        head = head[np.argsort(-p[head], kind="stable")]
+        head = np.sort(np.argpartition(-p, _TOP_P_CANDIDATES)[:_TOP_P_CANDIDATES])  # ids ascending, so
+        head = head[np.argsort(-p[head], kind="stable")]  # ties break towards the lower id, as in the full sort
         if p[head].sum() >= 1.0 - 1e-12:
             return head
     return np.argsort(-p, kind="stable")

@@ -1,0 +1,205 @@
+"""sampling.probs / sample / reshape_saguaro on hand-built logit rows.
+
+The reference below re-derives each transform the slow, obvious way (a full
+sort, token ids breaking ties) and the fast code must agree with it exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ssd_edge.config import SamplingConfig
+from ssd_edge.sampling import _TOP_P_CANDIDATES, probs, reshape_saguaro, sample
+
+
+def cfg(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> SamplingConfig:
+    return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+
+
+def reference(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
+    """Documented order: temperature, then top-k, min-p, top-p; ties go to the lower token id."""
+    z = np.asarray(logits, dtype=np.float64)
+    out = np.zeros_like(z)
+    if s.greedy:
+        out[int(np.argmax(z))] = 1.0
+        return out
+    z = z / s.temperature
+    order = np.lexsort((np.arange(len(z)), -z))  # descending logit, then ascending id
+    if 0 < s.top_k < len(z):
+        order = order[: s.top_k]
+    p = np.exp(z[order] - z[order].max())
+    p /= p.sum()
+    if s.min_p > 0:
+        keep = p >= s.min_p * p.max()
+        order, p = order[keep], p[keep] / p[keep].sum()
+    if s.top_p < 1.0:
+        cum = np.cumsum(p)  # `order` is already descending in p
+        n = int(np.argmax(cum >= s.top_p)) + 1 if cum[-1] >= s.top_p else len(p)
+        order, p = order[:n], p[:n] / p[:n].sum()
+    out[order] = p
+    return out
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+RNG = np.random.default_rng(1234)
+ROWS = RNG.normal(0, 3, size=(6, 200))
+
+
+# ---------------------------------------------------------------- greedy
+
+def test_greedy_is_one_hot_at_argmax():
+    for row in ROWS:
+        p = probs(row, cfg(temperature=0.0, top_k=40, top_p=0.9, min_p=0.1))
+        assert p.sum() == 1.0 and np.count_nonzero(p) == 1
+        assert int(np.argmax(p)) == int(np.argmax(row))
+
+
+def test_greedy_tie_goes_to_lower_id():
+    row = np.array([0.0, 5.0, 1.0, 5.0])
+    p = probs(row, cfg(temperature=0.0))
+    assert p.tolist() == [0.0, 1.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------- every transform
+
+@pytest.mark.parametrize("s", [
+    cfg(1.0), cfg(0.3), cfg(2.5),
+    cfg(1.0, top_k=1), cfg(1.0, top_k=7), cfg(0.7, top_k=40, top_p=0.95, min_p=0.05),
+    cfg(1.0, top_p=0.5), cfg(1.0, top_p=0.999), cfg(1.0, min_p=0.2), cfg(1.3, top_k=3, min_p=0.5),
+])
+def test_rows_sum_to_one_and_match_reference(s):
+    for row in ROWS:
+        p = probs(row, s)
+        assert p.dtype == np.float64 and p.shape == row.shape
+        assert abs(p.sum() - 1.0) < 1e-12 and (p >= 0).all()
+        np.testing.assert_allclose(p, reference(row, s), rtol=1e-12, atol=1e-15)
+
+
+def test_batch_of_rows_equals_row_by_row():
+    s = cfg(0.8, top_k=20, top_p=0.9, min_p=0.02)
+    batch = probs(ROWS, s)
+    assert batch.shape == ROWS.shape
+    for row, p in zip(ROWS, batch):
+        np.testing.assert_array_equal(p, probs(row, s))
+    assert probs(np.empty((0, 200)), s).shape == (0, 200)
+
+
+def test_temperature_alone_is_softmax():
+    for t in (0.25, 1.0, 4.0):
+        for row in ROWS:
+            np.testing.assert_allclose(probs(row, cfg(t)), softmax(row / t), rtol=1e-12)
+
+
+def test_temperature_sharpens_and_flattens():
+    row = ROWS[0]
+    cold, warm, hot = (probs(row, cfg(t)) for t in (0.2, 1.0, 5.0))
+    assert cold.max() > warm.max() > hot.max()
+    assert int(np.argmax(cold)) == int(np.argmax(hot)) == int(np.argmax(row))
+
+
+def test_top_k_keeps_the_k_largest():
+    for k in (1, 5, 40):
+        for row in ROWS:
+            p = probs(row, cfg(1.0, top_k=k))
+            assert np.count_nonzero(p) == k
+            assert set(np.flatnonzero(p)) == set(np.argsort(-row)[:k])
+    # top_k >= V and top_k = 0 both mean "off"
+    np.testing.assert_allclose(probs(ROWS[0], cfg(1.0, top_k=10_000)), softmax(ROWS[0]), rtol=1e-12)
+
+
+def test_top_p_keeps_the_smallest_head_reaching_p():
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        for row in ROWS:
+            full = softmax(row)
+            p = probs(row, cfg(1.0, top_p=top_p))
+            kept = np.flatnonzero(p)
+            mass = full[kept].sum()
+            assert mass >= top_p - 1e-12                           # reaches p
+            assert mass - full[kept].min() < top_p                 # and no token could be dropped
+            assert full[kept].min() >= full[np.flatnonzero(p == 0)].max(initial=0.0)  # a head, not a subset
+            np.testing.assert_allclose(p[kept], full[kept] / mass, rtol=1e-12)
+
+
+def test_min_p_keeps_tokens_above_a_fraction_of_the_max():
+    for min_p in (0.01, 0.1, 0.5):
+        for row in ROWS:
+            full = softmax(row)
+            p = probs(row, cfg(1.0, min_p=min_p))
+            assert (full[p > 0] >= min_p * full.max()).all()
+            assert (full[p == 0] < min_p * full.max()).all()
+
+
+def test_top_p_head_shortcut_equals_a_full_sort():
+    """Above 2 * 1024 candidates top-p sorts only the 1024-token head when it holds all the mass;
+    it must then pick exactly the tokens a full sort picks, ties included."""
+    V = 50_000
+    rng = np.random.default_rng(7)
+    assert V > 2 * _TOP_P_CANDIDATES
+    # peaked: a few hundred plausible tokens, the rest ~e^-60 below -> the head holds the mass
+    peaked = np.full(V, -60.0)
+    hot = rng.choice(V, 300, replace=False)
+    peaked[hot] = rng.normal(0, 2, 300)
+    # ties: logits on a coarse grid, so many tokens share a value at the top-p cut
+    tied = np.full(V, -60.0)
+    tied[hot] = np.round(rng.normal(0, 2, 300))
+    # flat: the head does not hold the mass -> the full sort is used
+    flat = rng.normal(0, 0.5, V)
+    for row in (peaked, tied, flat):
+        for top_p in (0.3, 0.8, 0.95, 0.999):
+            s = cfg(1.0, top_p=top_p)
+            np.testing.assert_allclose(probs(row, s), reference(row, s), rtol=1e-12, atol=1e-300)
+
+
+# ---------------------------------------------------------------- sample
+
+def test_sample_one_hot_and_support():
+    rng = np.random.default_rng(0)
+    one_hot = np.zeros(10)
+    one_hot[6] = 1.0
+    assert all(sample(one_hot, rng) == 6 for _ in range(20))
+    p = np.array([0.0, 0.5, 0.0, 0.5, 0.0])
+    assert {sample(p, rng) for _ in range(200)} == {1, 3}
+
+
+def test_sample_frequencies():
+    rng = np.random.default_rng(0)
+    p = softmax(np.array([2.0, 1.0, 0.0, -1.0, 0.5]))
+    n = 40_000
+    counts = np.bincount([sample(p, rng) for _ in range(n)], minlength=5)
+    # 5 standard deviations of a binomial count
+    assert (np.abs(counts - n * p) <= 5 * np.sqrt(n * p * (1 - p))).all()
+
+
+def test_sample_unnormalised_weights():
+    rng = np.random.default_rng(0)
+    w = np.array([0.0, 3.0, 1.0])  # sample() normalises by the sum
+    n = 20_000
+    frac = np.mean([sample(w, rng) == 1 for _ in range(n)])
+    assert abs(frac - 0.75) < 5 * np.sqrt(0.75 * 0.25 / n)
+
+
+# ---------------------------------------------------------------- SAGUARO reshaping
+
+def test_saguaro_scales_the_top_candidates():
+    q = softmax(np.array([3.0, 2.0, 1.0, 0.0, -1.0]))
+    r = reshape_saguaro(q, top=2, factor=0.5)
+    assert abs(r.sum() - 1.0) < 1e-12
+    ratio = r / q
+    # the two most likely tokens shrink by `factor` relative to the others, which keep their ratios
+    np.testing.assert_allclose(ratio[:2] / ratio[2], 0.5, rtol=1e-12)
+    np.testing.assert_allclose(ratio[2:], ratio[2], rtol=1e-12)
+
+
+def test_saguaro_off_and_degenerate():
+    q = softmax(np.array([1.0, 0.0, -1.0]))
+    assert reshape_saguaro(q, 2, 1.0) is q
+    one_hot = np.array([0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(reshape_saguaro(one_hot, 2, 0.5), one_hot)
+    two = np.array([0.0, 0.25, 0.75])  # fewer non-zero entries than `top`: keeps one untouched
+    r = reshape_saguaro(two, 2, 0.5)
+    assert abs(r.sum() - 1) < 1e-12 and r[0] == 0.0 and r[2] < 0.75
