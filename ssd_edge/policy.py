@@ -95,6 +95,7 @@ class PrespecPolicy:
                 self.state = "ssd"
                 self.miss_streak = 0
                 self.recent_hits.clear()
+                self.latency_ms = Ema(None, alpha=0.3)  # judge the probe on its own latency
         elif self.cfg.sla_ms_per_token is not None and lat > self.cfg.sla_ms_per_token:
             if self.fanout > self.cfg.fanout_min:
                 self.fanout = self.cfg.fanout_min

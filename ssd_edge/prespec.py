@@ -245,6 +245,8 @@ class PrespecWorker:
         self.meter.set_branch_cells(0)
 
     def _prespec(self, history: list[int], draft: Draft, k_next: int) -> None:
+        self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
+        self.base = None
         if not self.policy.prespec_enabled or self._interrupted():
             return
         self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss

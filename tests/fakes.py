@@ -30,12 +30,17 @@ def lm_logits(tokens: Sequence[int], disagree_every: int = 0) -> np.ndarray:
 
     The favourite next token is (3 * last + len) % (V - 1) + 1 (never EOS); the
     runner-up is favourite + 1. With disagree_every = n > 0 (the draft), every
-    n-th position prefers the runner-up instead, so drafts get rejected there.
+    n-th position prefers the runner-up instead, so drafts get rejected there
+    (and the target's token is the draft's second choice: a predictable miss).
+    With disagree_every < 0 the draft follows an unrelated rule: unpredictable misses.
     """
     last = tokens[-1] if tokens else 1
     fav = (3 * last + len(tokens)) % (V - 1) + 1
     alt = fav % (V - 1) + 1
-    if disagree_every and len(tokens) % disagree_every == 0:
+    if disagree_every < 0:  # a draft that is wrong in ways its own candidates do not predict
+        fav = (7 * last + 5 * len(tokens) + 11) % (V - 1) + 1
+        alt = (fav + 13) % (V - 1) + 1
+    elif disagree_every and len(tokens) % disagree_every == 0:
         fav, alt = alt, fav
     z = np.full(V, -4.0, dtype=np.float32)
     z[fav] = 4.0

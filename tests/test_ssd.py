@@ -1,0 +1,261 @@
+"""SSD pre-speculation with the fake backend: outcome ranking, the speculation
+cache, the KV-cell budget, partial reuse, backup switching, rollback and
+re-probe, the SLA cut, and losslessness on every path."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from fakes import FakeContext, FakeModel
+from ssd_edge.config import EngineConfig, PrespecConfig
+from ssd_edge.drafters import Candidates
+from ssd_edge.engine import Engine
+from ssd_edge.policy import PrespecPolicy
+from ssd_edge.prespec import rank_outcomes
+
+
+def cands(*pairs: tuple[int, float]) -> Candidates:
+    ids, ps = zip(*pairs)
+    return Candidates(np.array(ids), np.array(ps, dtype=float))
+
+
+# ---------------------------------------------------------------- ranking
+
+def test_rank_excludes_the_rejected_draft_token_and_orders_by_probability():
+    draft = [5, 6]
+    c = [cands((5, 0.9), (7, 0.06), (8, 0.04)),   # position 0: drafted 5
+         cands((6, 0.5), (9, 0.3), (10, 0.2)),    # position 1: drafted 6
+         cands((11, 0.7), (12, 0.3))]             # bonus position
+    p_a = np.array([0.1, 0.2, 0.7])               # P(a = 0, 1, 2)
+    plan = rank_outcomes(draft, c, p_a, fanout=10, min_confidence=0.0, budget_cells=100, cells_per_branch=2)
+    assert (0, 5) not in [(o.a, o.b) for o in plan] and (1, 6) not in [(o.a, o.b) for o in plan]
+    scores = [o.score for o in plan]
+    assert scores == sorted(scores, reverse=True)
+    assert (plan[0].a, plan[0].b) == (2, 11) and plan[0].score == pytest.approx(0.7 * 0.7)
+    # a < k: b's probability is renormalised without the drafted token: 0.06 / (1 - 0.9)
+    by_key = {(o.a, o.b): o.score for o in plan}
+    assert by_key[(0, 7)] == pytest.approx(0.1 * 0.6)
+    assert by_key[(1, 9)] == pytest.approx(0.2 * 0.6)
+
+
+@pytest.mark.parametrize("budget,fanout,floor,expected", [
+    (100, 2, 0.0, 2),   # the window caps it
+    (5, 10, 0.0, 2),    # 5 cells / 2 per branch -> 2 branches
+    (1, 10, 0.0, 0),    # not even one branch fits
+    (100, 10, 0.22, 2), # only outcomes scoring >= 0.22: 0.8*0.5 and 0.8*0.3
+])
+def test_rank_respects_window_budget_and_confidence(budget, fanout, floor, expected):
+    c = [cands((5, 0.5), (7, 0.5)), cands((11, 0.5), (12, 0.3), (13, 0.2))]
+    plan = rank_outcomes([5], c, np.array([0.2, 0.8]), fanout=fanout, min_confidence=floor,
+                         budget_cells=budget, cells_per_branch=2)
+    assert len(plan) == expected
+    assert len(plan) * 2 <= budget
+
+
+# ---------------------------------------------------------------- policy
+
+def test_policy_backup_after_miss_streak_only_when_predicted_faster():
+    pol = PrespecPolicy(PrespecConfig(backup_after_misses=2, rollback_after_misses=10), k=4)
+    pol.costs.verify_ms.value, pol.costs.draft_step_ms.value = 100.0, 50.0
+    pol.ngram_accept.value = 0.5
+    pol.observe_lookup("miss")
+    assert not pol.use_backup(ngram_len=4, k=4)            # streak 1 < 2
+    pol.observe_lookup("miss")
+    assert pol.use_backup(ngram_len=4, k=4)                # n-gram free, draft costs 200 ms
+    assert not pol.use_backup(ngram_len=0, k=4)            # nothing to propose
+    pol.costs.draft_step_ms.value = 1.0                    # drafting nearly free: JIT wins
+    assert not pol.use_backup(ngram_len=4, k=4)
+
+
+def test_policy_rolls_back_after_misses_and_probes_again():
+    pol = PrespecPolicy(PrespecConfig(rollback_after_misses=3, probe_every=5), k=4)
+    for _ in range(3):
+        assert pol.prespec_enabled
+        pol.observe_lookup("miss")
+    assert pol.state == "rolled-back" and not pol.prespec_enabled
+    for _ in range(4):
+        pol.observe_round(50.0)
+        assert not pol.prespec_enabled
+    pol.observe_round(50.0)
+    assert pol.state == "ssd" and pol.prespec_enabled and pol.miss_streak == 0
+
+
+def test_policy_sla_cuts_window_then_prespeculation():
+    pol = PrespecPolicy(PrespecConfig(sla_ms_per_token=100.0, fanout_min=1, fanout_max=4, probe_every=3), k=4)
+    pol.fanout = 4
+    pol.observe_round(50.0)
+    assert pol.fanout == 4 and pol.state == "ssd"
+    for _ in range(3):
+        pol.observe_round(400.0)
+    assert pol.fanout == 1 and pol.state == "sla-cut"
+    for _ in range(3):
+        pol.observe_round(10.0)
+    assert pol.state == "ssd"
+
+
+def test_policy_window_grows_with_hits_and_shrinks_with_misses():
+    pol = PrespecPolicy(PrespecConfig(fanout_min=1, fanout_max=6, rollback_after_misses=100), k=4)
+    start = pol.fanout
+    for _ in range(8):
+        pol.observe_verify(4, 4, "draft")
+        pol.observe_lookup("hit")
+    assert pol.fanout > start
+    for _ in range(16):
+        pol.observe_lookup("miss")
+    assert pol.fanout == 1
+
+
+def test_outcome_probabilities_sum_to_one_and_follow_acceptance():
+    pol = PrespecPolicy(PrespecConfig(), k=3)
+    for a in pol.alpha:
+        a.value = 0.5
+    p = pol.outcome_probs(3)
+    assert p.sum() == pytest.approx(1.0)
+    assert p == pytest.approx([0.5, 0.25, 0.125, 0.125])
+
+
+# ---------------------------------------------------------------- the engine on a fake backend
+
+def fake_engine(mode: str = "ssd", *, disagree_every: int = 5, k: int = 4, draft_delay=0.0, target_delay=0.0,
+                **prespec) -> tuple[Engine, FakeContext]:
+    cfg = EngineConfig.build(target=dict(path="fake-target"), draft=dict(path="fake-draft"), n_ctx=512, mode=mode,
+                             spec=dict(k=k), prespec=dict(prespec))
+    target = FakeModel("target")
+    draft = FakeModel("draft", disagree_every=disagree_every)
+    draft_ctx = FakeContext(draft, n_ctx=1024, n_seq_max=cfg.prespec.fanout_max + 1, decode_delay=draft_delay)
+    return Engine.from_parts(cfg, target, FakeContext(target, decode_delay=target_delay), draft, draft_ctx), draft_ctx
+
+
+PROMPT = [3, 9, 4, 17, 2]
+
+
+def run(engine: Engine, mode: str, n: int = 60, **kw):
+    return engine.complete(tokens=PROMPT, max_tokens=n, mode=mode, **kw)
+
+
+@pytest.mark.parametrize("prespec", [
+    dict(),                                   # default window
+    dict(budget_cells=64, fanout_max=8),      # generous: most outcomes prepared
+    dict(budget_cells=4),                     # one branch at most
+    dict(budget_cells=0),                     # nothing prepared: every lookup is 'none', JIT drafts
+    dict(budget_cells=2, backup_after_misses=1, rollback_after_misses=3, probe_every=2),
+])
+def test_ssd_greedy_equals_ar_on_every_path(prespec):
+    eng, _ = fake_engine(**prespec)
+    ref = run(eng, "ar")
+    out = run(eng, "ssd")
+    assert out.tokens == ref.tokens
+    assert len(out.tokens) == 60
+
+
+def test_ssd_hits_when_draft_agrees_and_target_is_slow():
+    # The target takes 20 ms a verify; the draft 1 ms a step: pre-speculation finishes in time.
+    eng, _ = fake_engine(disagree_every=0, target_delay=0.02, draft_delay=0.001)
+    out = run(eng, "ssd")
+    pre = out.stats["prespec"]
+    assert out.tokens == run(eng, "ar").tokens
+    assert pre["hits"] >= 0.8 * pre["lookups"] and pre["lookups"] > 5
+    assert out.stats["speculators"].get("prespec", 0) >= pre["hits"]
+
+
+def test_ssd_partial_hit_reuses_prefix_when_verify_is_faster_than_the_branch():
+    # Verify takes 35 ms; preparing a 4-token branch takes 50 ms: the result arrives mid-branch.
+    eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
+    out = run(eng, "ssd", n=40)
+    assert out.tokens == run(eng, "ar", n=40).tokens
+    assert out.stats["prespec"]["partial_hits"] > 0
+
+
+def test_branch_cells_never_exceed_the_budget():
+    budget = 9
+    eng, draft_ctx = fake_engine(budget_cells=budget, fanout_max=6, disagree_every=3, target_delay=0.01)
+    seen = []
+    original = draft_ctx.decode
+
+    def checked(tokens, positions, seqs, logits_for):
+        out = original(tokens, positions, seqs, logits_for)
+        main = eng._worker.drafter.kv.seq if eng._worker else 0
+        seen.append(draft_ctx.cells_outside(main))
+        return out
+
+    draft_ctx.decode = checked
+    out = run(eng, "ssd")
+    assert out.tokens == run(eng, "ar").tokens
+    assert max(seen) <= budget
+    assert max(seen) > 0  # branches were really made
+    assert out.stats["prespec"]["branch_cells_peak"] <= budget
+
+
+def test_cache_key_is_accepted_count_and_emitted_token():
+    # Draft disagrees every 3rd position: rejections happen, and recovery branches (a < k) get hit.
+    eng, _ = fake_engine(disagree_every=3, budget_cells=64, fanout_max=8, target_delay=0.01)
+    events = list(eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd"))
+    assert events[-1].tokens == run(eng, "ar").tokens
+    rounds = [e.round for e in events[:-1]]
+    # a hit right after a round that rejected a draft token: the (a < k, recovery token) key was prepared
+    hits_after_reject = [cur for prev, cur in zip(rounds, rounds[1:])
+                         if prev.accepted < prev.drafted and cur.prespec == "hit"]
+    hits_after_full = [cur for prev, cur in zip(rounds, rounds[1:])
+                       if prev.drafted and prev.accepted == prev.drafted and cur.prespec == "hit"]
+    assert hits_after_reject and hits_after_full
+
+
+def test_miss_streak_switches_to_backup_and_rollback_restores_sd():
+    # A draft that is wrong in ways it cannot predict: lookups miss.
+    eng, _ = fake_engine(disagree_every=-1, budget_cells=8, backup_after_misses=1, rollback_after_misses=4,
+                         probe_every=3, target_delay=0.005)
+    events = list(eng.generate(tokens=[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], max_tokens=60, mode="ssd"))
+    rounds = [e.round for e in events[:-1]]
+    assert any(r.mode == "rolled-back" for r in rounds)
+    # after rolling back it probes again: some later round runs pre-speculation ('ssd') once more
+    first_rb = next(i for i, r in enumerate(rounds) if r.mode == "rolled-back")
+    assert any(r.mode == "ssd" for r in rounds[first_rb:])
+    ref = eng.complete(tokens=[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], max_tokens=60, mode="ar")
+    assert events[-1].tokens == ref.tokens
+
+
+def test_backup_speculator_serves_rounds_on_a_repetitive_history():
+    eng, _ = fake_engine(disagree_every=-1, budget_cells=8, backup_after_misses=1, rollback_after_misses=100,
+                         target_delay=0.005, draft_delay=0.01)
+    prompt = [1, 2, 3, 4] * 6
+    out = eng.complete(tokens=prompt, max_tokens=40, mode="ssd")
+    assert out.tokens == eng.complete(tokens=prompt, max_tokens=40, mode="ar").tokens
+    assert out.stats["speculators"].get("ngram", 0) > 0
+
+
+def test_ssd_sampled_runs_and_stays_in_the_target_support():
+    eng, _ = fake_engine(disagree_every=4, target_delay=0.002)
+    from ssd_edge.config import SamplingConfig
+    s = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=7)
+    out = eng.complete(tokens=PROMPT, max_tokens=40, mode="ssd", sampling=s)
+    assert len(out.tokens) == 40
+    s2 = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=7)
+    again = eng.complete(tokens=PROMPT, max_tokens=40, mode="sd", sampling=s2)
+    assert len(again.tokens) == 40
+
+
+def test_cancel_stops_ssd_and_leaves_no_thread():
+    eng, _ = fake_engine(target_delay=0.01, draft_delay=0.002)
+    before = threading.active_count()
+    cancel = threading.Event()
+    n = 0
+    for ev in eng.generate(tokens=PROMPT, max_tokens=500, mode="ssd", cancel=cancel):
+        n += 1
+        if n == 5:
+            cancel.set()
+    assert ev.stop_reason == "cancelled"
+    assert threading.active_count() == before
+    assert not any(t.name == "ssd-draft-worker" for t in threading.enumerate())
+
+
+def test_abandoned_generator_joins_the_worker():
+    eng, _ = fake_engine(target_delay=0.005)
+    gen = eng.generate(tokens=PROMPT, max_tokens=100, mode="ssd")
+    next(gen)
+    gen.close()
+    assert not any(t.name == "ssd-draft-worker" for t in threading.enumerate())
+    assert eng.complete(tokens=PROMPT, max_tokens=20, mode="ssd").tokens == eng.complete(
+        tokens=PROMPT, max_tokens=20, mode="ar").tokens
