@@ -190,8 +190,9 @@ def test_branch_cells_never_exceed_the_budget():
 
 
 def test_cache_key_is_accepted_count_and_emitted_token():
-    # Draft disagrees every 3rd position: rejections happen, and recovery branches (a < k) get hit.
-    eng, _ = fake_engine(disagree_every=3, budget_cells=64, fanout_max=8, target_delay=0.01)
+    # The draft disagrees every 7th position: some rounds reject (recovery branches a < k get hit),
+    # some accept all (bonus branches a == k get hit).
+    eng, _ = fake_engine(disagree_every=7, budget_cells=64, fanout_max=8, target_delay=0.01)
     events = list(eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd"))
     assert events[-1].tokens == run(eng, "ar").tokens
     rounds = [e.round for e in events[:-1]]
