@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .backend import Aborted
 from .config import PrespecConfig
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
 from .kvseq import KVSeq, common_prefix
@@ -139,6 +140,7 @@ class PrespecWorker:
         self.base: tuple[list[int], Draft] | None = None
         self.max_cells_seen = 0
         self.error: BaseException | None = None
+        self._abortable = False  # True while growing low-priority branches
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
@@ -151,6 +153,11 @@ class PrespecWorker:
     def draft_now(self, history: list[int], k: int) -> Draft:
         return self._call("draft_now", history, k)
 
+    def _preempt(self) -> None:
+        """Stop a low-priority branch decode in flight: the engine is waiting."""
+        if self._abortable:
+            self.ctx.abort.set()
+
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
         self._inbox.put(("verifying", (list(history), draft, k_next)))
 
@@ -161,6 +168,7 @@ class PrespecWorker:
             self._thread.join()
 
     def _call(self, kind: str, *args: Any) -> Any:
+        self._preempt()
         self._inbox.put((kind, args))
         status, value = self._outbox.get()
         if status == "err":
@@ -171,6 +179,7 @@ class PrespecWorker:
     def _run(self) -> None:
         while True:
             kind, args = self._inbox.get()
+            self.ctx.abort.clear()
             if kind == "stop":
                 self._finish()
                 return
@@ -275,7 +284,7 @@ class PrespecWorker:
             return
         n = len(history)
         main = self.drafter.kv.seq
-        for group in (plan[:1], plan[1:]):
+        for wave, group in enumerate((plan[:1], plan[1:])):
             branches = []
             for o in group:
                 if not self.free_seqs:
@@ -285,8 +294,15 @@ class PrespecWorker:
                 br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
                 self.cache.put(br)
                 branches.append(br)
-            if not self._grow(branches, k_next):
+            # The likeliest branch runs to the end; the others may be preempted mid-decode.
+            self._abortable = wave > 0
+            try:
+                if not self._grow(branches, k_next):
+                    return
+            except Aborted:
                 return
+            finally:
+                self._abortable = False
 
     def _grow(self, branches: list[Branch], depth: int) -> bool:
         """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""

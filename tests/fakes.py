@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ssd_edge.backend import Aborted
 from ssd_edge.errors import ContextFullError, DecodeError
 
 V = 32
@@ -70,6 +71,20 @@ class FakeModel:
     def close(self) -> None: ...
 
 
+class FakeAbort:
+    def __init__(self) -> None:
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def clear(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+
 @dataclass
 class Cell:
     pos: int
@@ -88,7 +103,9 @@ class FakeContext:
         self.cells: list[Cell] = []
         self.decode_delay = decode_delay
         self.decodes = 0
+        self.aborted = 0
         self.batch_sizes: list[int] = []
+        self.abort = FakeAbort()
 
     # -- the sequence's tokens, in position order
     def seq_tokens(self, seq: int) -> list[int]:
@@ -104,8 +121,13 @@ class FakeContext:
         if n > self.n_batch:
             raise DecodeError("batch too large")
         delay = self.decode_delay(n) if callable(self.decode_delay) else self.decode_delay
-        if delay:
-            time.sleep(delay)
+        if delay:  # sleep in slices so an abort lands mid-decode, as in llama.cpp
+            end = time.perf_counter() + delay
+            while time.perf_counter() < end and not self.abort.is_set():
+                time.sleep(min(0.001, delay))
+        if self.abort.is_set():
+            self.aborted += 1
+            raise Aborted()
         first: dict[int, int] = {}
         for pos, s in zip(positions, seqs):
             for sid in ([s] if isinstance(s, int) else s):

@@ -260,3 +260,14 @@ def test_abandoned_generator_joins_the_worker():
     assert not any(t.name == "ssd-draft-worker" for t in threading.enumerate())
     assert eng.complete(tokens=PROMPT, max_tokens=20, mode="ssd").tokens == eng.complete(
         tokens=PROMPT, max_tokens=20, mode="ar").tokens
+
+
+def test_low_priority_branches_are_preempted_when_the_verify_result_arrives():
+    # Verify 35 ms; each draft decode 6 ms: the likeliest branch is done after ~30 ms, the
+    # batch of the others is still decoding when the engine asks, and gets aborted.
+    eng, draft_ctx = fake_engine(disagree_every=7, budget_cells=64, fanout_max=6, fanout_min=4,
+                                 target_delay=0.035, draft_delay=0.006)
+    out = run(eng, "ssd", n=40)
+    assert out.tokens == run(eng, "ar", n=40).tokens
+    assert draft_ctx.aborted > 0
+    assert out.stats["prespec"]["hits"] > 0
