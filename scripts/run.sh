@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up, fetch the default model pair (checksums verified) and run SSD on it:
+# the main job of ssd-edge, from a fresh clone. Arguments replace the prompt.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$root/scripts/setup.sh"
+ssd="$root/.venv/bin/ssd-edge"
+"$ssd" models pull
+prompt="${*:-Write a Python function that returns the n-th Fibonacci number, with a docstring.}"
+exec "$ssd" generate --chat --mode ssd -n 200 "$prompt"
