@@ -1,0 +1,375 @@
+"""The ssd-edge terminal UI: chat on the left, live speculation panel on the right.
+
+    run_app(EngineConfig.build(target=dict(path="qwen2.5-coder-1.5b"), ...))
+
+Threads: the engine is built, models are pulled and replies are generated in
+worker threads; they only post messages (tui/messages.py) or fill an Outbox
+(tui/stream.py). Every widget is touched from the UI thread alone. Streamed
+text is redrawn at most every RENDER_INTERVAL seconds, and the chat is saved
+to disk at each redraw, so whatever was shown survives a crash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from functools import partial
+from typing import Any, Callable
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.worker import Worker
+
+from ssd_edge import catalog, paths
+from ssd_edge.config import EngineConfig, ModelConfig
+from ssd_edge.errors import ConfigError
+
+from .chats import Chat, ChatStore, Message
+from .commands import SSDEdgeCommands
+from .controls import Controls
+from .live import LiveModel, finish_note
+from .loader import EngineFactory, load_engine, missing_models, model_label, pull_models
+from .messages import EngineFailed, EngineLoaded, PullFinished, PullProgress, StreamWake
+from .screens import MissingModelsScreen
+from .stream import Chunk, Failure, Outbox, run_generation
+from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
+from .widgets.panel import LivePanel
+
+log = logging.getLogger(__name__)
+
+RENDER_INTERVAL = 0.05  # seconds between redraws of streaming text and gauges
+
+
+def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
+    from ssd_edge.engine import Engine  # imported here: loading llama.cpp is the worker's job
+
+    return Engine(config, models_dir=models_dir)
+
+
+class SSDEdgeApp(Controls, App[int]):
+    CSS_PATH = "app.tcss"
+    TITLE = "ssd-edge"
+    COMMANDS = App.COMMANDS | {SSDEdgeCommands}
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+o", "open_chats", "Chats"),
+        Binding("f1", "help", "Help"),
+        Binding("f2", "system_prompt", "System"),
+        Binding("f3", "toggle_provenance", "Provenance"),
+        Binding("f4", "settings", "Settings"),
+        Binding("f5", "cycle_mode", "Mode"),
+        Binding("f6", "pick_models", "Models"),
+        Binding("ctrl+s", "screenshot", "Screenshot", show=False),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(self, config: EngineConfig, *, models_dir: str | None = None,
+                 engine_factory: EngineFactory = default_engine_factory, clock: Callable[[], float] = time.time,
+                 pull: Callable[..., Any] = catalog.pull, max_tokens: int = 512) -> None:
+        super().__init__()
+        self.config, self.models_dir = config, models_dir
+        self.engine_factory, self.clock, self.pull = engine_factory, clock, pull
+        self.max_tokens = max_tokens
+        self.store = ChatStore()
+        self.chat: Chat = self.store.new(clock())
+        self.engine: Any = None
+        self.phase = "loading"          # loading, pulling, ready, generating, failed
+        self.exit_code = 0              # returned when the user quits from a failed state
+        self.live = LiveModel()
+        self.cancel = threading.Event()
+        self.outbox: Outbox | None = None
+        self.reply: Message | None = None
+        self.reply_view: MessageView | None = None
+        self.pending: dict[str, Any] = {}  # settings asked for during a reply, applied after it
+        self.fallback: EngineConfig | None = None  # the config to go back to if a model switch fails
+        self.workers_: dict[str, Worker] = {}
+        self.pull_cancel = threading.Event()
+        self._last_render = 0.0
+        self._render_timer: Any = None
+        self._load_started = 0.0
+
+    # ------------------------------------------------------------ layout
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield Static("", id="chat-title")
+                yield ProvenanceLegend("", id="legend")
+                yield ChatView(id="chat")
+                yield Static("", id="status")
+                yield ProgressBar(total=None, show_eta=False, id="progress")
+                yield PromptInput(placeholder="Ask something…  Enter sends · ↑↓ earlier prompts", id="prompt")
+            yield LivePanel(id="panel")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.show_chat(self.chat)
+        self.query_one(LivePanel).show_live(self.live)
+        self.query_one("#prompt").focus()
+        self.set_interval(1.0, self._tick)
+        self.start_load(self.config)
+
+    def set_status(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#status", Static)
+        status.update(text)
+        status.set_class(error, "error")
+
+    def show_chat(self, chat: Chat) -> None:
+        self.chat = chat
+        self.query_one(ChatView).show_chat(chat)
+        self.show_chat_title()
+        prompt = self.query_one(PromptInput)
+        for m in chat.messages:
+            if m.role == "user":
+                prompt.remember(m.content)
+
+    def save_chat(self) -> None:
+        if not self.chat.messages:
+            return
+        self.chat.updated = self.clock()
+        try:
+            self.store.save(self.chat)
+        except OSError as e:
+            self.set_status(f"could not save the chat to {self.store.folder}: {e}", error=True)
+
+    # ------------------------------------------------------------ engine: load, pull
+    def start_load(self, config: EngineConfig, old_engine: Any = None) -> None:
+        self.phase, self.config, self._load_started = "loading", config, self.clock()
+        self.sub_title = model_label(config)
+        panel = self.query_one(LivePanel)
+        panel.show_models(None, config, "loading…")
+        panel.show_settings(config, self.live)
+        self.set_status(f"Loading {model_label(config)}…")
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=None)
+        bar.display = True
+
+        def body() -> None:
+            if old_engine is not None:
+                old_engine.close()
+            load_engine(self.engine_factory, config, self.models_dir, self.post_message)
+
+        self.workers_["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
+
+    def _tick(self) -> None:
+        if self.phase == "loading":
+            self.set_status(f"Loading {model_label(self.config)}… {self.clock() - self._load_started:.0f} s")
+
+    def on_engine_loaded(self, msg: EngineLoaded) -> None:
+        self.engine, self.phase, self.fallback = msg.engine, "ready", None
+        self.config = getattr(msg.engine, "config", self.config)
+        self.query_one("#progress").display = False
+        panel = self.query_one(LivePanel)
+        panel.show_models(self.engine, self.config)
+        panel.show_settings(self.config, self.live)
+        self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
+
+    def on_engine_failed(self, msg: EngineFailed) -> None:
+        self.phase, self.exit_code = "failed", msg.exit_code
+        self.query_one("#progress").display = False
+        self.query_one(LivePanel).show_models(None, self.config, "not loaded")
+        if msg.missing:
+            self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
+            self.push_screen(MissingModelsScreen(msg.missing, msg.error), partial(self._missing_choice, msg.missing))
+        elif self.fallback is not None:
+            self.notify(msg.error, title="Could not load the models", severity="error", timeout=10)
+            config, self.fallback = self.fallback, None
+            self.start_load(config)
+        else:
+            self.set_status(f"{msg.error}  ·  F6 picks other models · Ctrl+Q quits", error=True)
+
+    def _missing_choice(self, models: list, choice: str | None) -> None:
+        if choice == "pull":
+            self.start_pull(models)
+        elif choice == "pick":
+            self.action_pick_models()
+        else:
+            self.exit(return_code=self.exit_code)
+
+    def start_pull(self, models: list) -> None:
+        self.phase = "pulling"
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=sum(m.size for m in models), progress=0)
+        bar.display = True
+        self.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
+        body = partial(pull_models, models, self.models_dir, self.pull, self.pull_cancel, self.post_message)
+        self.workers_["pull"] = self.run_worker(body, thread=True, group="pull", exit_on_error=False)
+
+    def on_pull_progress(self, msg: PullProgress) -> None:
+        self.query_one("#progress", ProgressBar).update(total=msg.total, progress=msg.done)
+        self.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
+
+    def on_pull_finished(self, msg: PullFinished) -> None:
+        self.query_one("#progress").display = False
+        missing = missing_models(self.config, self.models_dir)
+        if msg.error or missing:
+            self.phase = "failed"
+            error = msg.error or "the pull ended but models are still missing"
+            self.set_status(error, error=True)
+            self.push_screen(MissingModelsScreen(missing, error), partial(self._missing_choice, missing))
+        else:
+            self.start_load(self.config)
+
+    def switch_models(self, target: str, draft: str | None) -> None:
+        """Rebuild the engine on other models (the chat stays)."""
+        cfg = self.config
+        t = cfg.target.model_copy(update={"path": target})
+        d = None
+        if draft is not None:
+            d = (cfg.draft or ModelConfig(path=draft, threads=cfg.target.threads)).model_copy(update={"path": draft})
+        mode = cfg.mode if d is not None or cfg.mode not in ("sd", "ssd") else "lookup"
+        if mode != cfg.mode:
+            self.notify(f"no draft model: mode {cfg.mode} -> {mode}")
+        old, self.engine = self.engine, None
+        self.fallback = cfg if old is not None else None
+        self.start_load(cfg.model_copy(update={"target": t, "draft": d, "mode": mode}), old_engine=old)
+
+    def configure(self, changes: dict[str, Any]) -> str | None:
+        """Apply mode / k / temperature / max tokens; an error line, or None when applied (or queued)."""
+        changes = dict(changes)
+        max_tokens = changes.pop("max_tokens", self.max_tokens)
+        if max_tokens < 1:
+            return "max tokens must be at least 1"
+        if self.engine is None:
+            return "no model is loaded yet"
+        if self.phase == "generating":
+            self.pending.update(changes, max_tokens=max_tokens)
+            self.notify("applies when this reply ends")
+            return None
+        try:
+            self.config = self.engine.configure(**changes)
+        except ConfigError as e:
+            return str(e)
+        self.max_tokens = max_tokens
+        self.query_one(LivePanel).show_settings(self.config, self.live)
+        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k} · "
+                        f"temperature {self.config.sampling.temperature:g}")
+        return None
+
+    # ------------------------------------------------------------ generation
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id != "prompt":
+            return
+        text = event.value.strip()
+        if not text:
+            return
+        if self.phase != "ready":
+            why = {"generating": "a reply is being written (Esc stops it)", "failed": "no model is loaded (F6)"}
+            self.notify(why.get(self.phase, "the models are still loading"), severity="warning")
+            return
+        prompt = self.query_one(PromptInput)
+        prompt.remember(text)
+        prompt.value = ""
+        chat_view = self.query_one(ChatView)
+        self.chat.messages.append(Message("user", text))
+        self.chat.title = self.chat.title or text.splitlines()[0][:80]
+        chat_view.add_message(self.chat.messages[-1])
+        messages = self.chat.engine_messages()
+        self.reply = Message("assistant", "")
+        self.chat.messages.append(self.reply)
+        self.reply_view = chat_view.add_message(self.reply)
+        self.reply_view.streaming = True
+        self.show_chat_title()
+        self.save_chat()
+        self.live.start()
+        self.phase = "generating"
+        self.set_status(f"Writing ({self.config.mode})… Esc stops")
+        self.cancel = threading.Event()
+        self.outbox = Outbox(lambda: self.post_message(StreamWake()))
+        body = partial(run_generation, self.engine, messages, self.max_tokens, self.cancel, self.outbox)
+        self.workers_["generate"] = self.run_worker(body, thread=True, group="generate", exit_on_error=False)
+
+    def show_chat_title(self) -> None:
+        title = self.chat.title or "New chat"
+        if self.chat.system:
+            title += f"  ·  system: {self.chat.system.splitlines()[0][:60]}"
+        self.query_one("#chat-title", Static).update(title)
+
+    def on_stream_wake(self, _: StreamWake) -> None:
+        if self.outbox is None or self.reply is None:
+            return
+        done = False
+        for item in self.outbox.drain():
+            if isinstance(item, Chunk):
+                for prov, text in item.spans:
+                    self.reply.add(prov, text)
+                self.live.observe(item.round, item.n_tokens, item.live)
+            elif isinstance(item, Failure):
+                self.reply.note = "error: " + item.message
+                self.live.finish({})
+                self.notify(item.message, title="Generation failed", severity="error", timeout=10)
+                done = True
+            else:  # the FinishEvent
+                self.reply.add("target", item.tail)
+                self.live.finish(item.stats)
+                self.reply.note = finish_note(item.stop_reason, item.stats, item.message)
+                done = True
+        if done:
+            self.render_stream(finished=True)
+        elif time.monotonic() - self._last_render >= RENDER_INTERVAL:
+            self.render_stream()
+        elif self._render_timer is None:
+            self._render_timer = self.set_timer(RENDER_INTERVAL, self.render_stream)
+
+    def render_stream(self, finished: bool = False) -> None:
+        """One redraw of the streaming reply and the panel, then a save."""
+        self._render_timer = None
+        self._last_render = time.monotonic()
+        if self.reply_view is not None:
+            self.reply_view.streaming = not finished
+            self.reply_view.refresh_message()
+            self.query_one(ChatView).follow()
+        panel = self.query_one(LivePanel)
+        panel.show_live(self.live)
+        panel.show_settings(self.config, self.live)
+        self.save_chat()
+        if finished:
+            self.phase = "ready"
+            self.set_status(f"Ready · {self.config.mode}", error=bool(self.reply and self.reply.note.startswith("error")))
+            if self.pending:
+                pending, self.pending = self.pending, {}
+                if error := self.configure(pending):
+                    self.notify(error, title="Settings not applied", severity="error")
+
+    # ------------------------------------------------------------ shutdown
+    async def action_quit(self) -> None:
+        """Stop what runs (cancel the reply, stop a pull), wait for the workers, save, close the engine."""
+        self.cancel.set()
+        self.pull_cancel.set()
+        for name, worker in self.workers_.items():
+            if worker.is_running:
+                self.set_status(f"Quitting: waiting for the {name} worker to stop…")
+                with contextlib.suppress(Exception):
+                    await worker.wait()
+        self.on_stream_wake(StreamWake())  # whatever the reply sent before it stopped
+        self.save_chat()
+        self.close_engine()
+        self.exit(return_code=self.exit_code if self.phase == "failed" else 0)
+
+    def close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+
+def run_app(config: EngineConfig, models_dir: str | None = None) -> int:
+    """Run the TUI until the user quits; returns the process exit code."""
+    root = logging.getLogger()
+    if not root.handlers:  # the screen is the terminal: warnings and tracebacks go to a file
+        log_dir = paths.home() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(log_dir / "tui.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
+    app = SSDEdgeApp(config, models_dir=models_dir)
+    try:
+        app.run()
+    finally:
+        app.close_engine()
+    return app.return_code or 0

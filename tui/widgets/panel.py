@@ -1,0 +1,149 @@
+"""The live panel: models and devices, mode and state, and gauges fed by the
+event stream (pre-speculation hit rate coloured by the 70% / 50% thresholds,
+acceptance, tokens/s with a sparkline, per-token latency on hits and misses,
+draft and target utilization, branch memory against its budget)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Sparkline, Static
+
+from ssd_edge.config import EngineConfig
+from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR, hit_rate_health
+
+from ..live import LiveModel
+
+TONES = ("good", "fair", "poor", "info")
+HEALTH_TONE = {"healthy": "good", "fair": "fair", "poor": "poor", "n/a": "info"}
+STATE_COLOURS = {"ssd": "green3", "sd": "dodger_blue1", "lookup": "cyan", "ar": "grey70",
+                 "backup": "yellow3", "rolled-back": "dark_orange", "sla-cut": "red3"}
+LABEL_WIDTH = 13
+TEXT_WIDTH = 13
+
+
+class Gauge(Widget):
+    """A one-line bar: label, bar (with optional threshold marks), value text."""
+
+    COMPONENT_CLASSES = {f"gauge--{t}" for t in TONES} | {"gauge--empty", "gauge--label", "gauge--mark"}
+    DEFAULT_CSS = "Gauge { height: 1; }"
+
+    def __init__(self, label: str, marks: Iterable[float] = (), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.label = label
+        self.marks = tuple(marks)
+        self.fraction: float | None = None
+        self.text = "—"
+        self.tone = "info"
+
+    def set(self, fraction: float | None, text: str, tone: str = "info") -> None:
+        if (fraction, text, tone) != (self.fraction, self.text, self.tone):
+            self.fraction, self.text, self.tone = fraction, text, tone
+            self.refresh()
+
+    def render(self) -> Text:
+        width = max(self.size.width, LABEL_WIDTH + TEXT_WIDTH + 4)
+        bar = width - LABEL_WIDTH - TEXT_WIDTH - 1
+        filled = round(max(0.0, min(1.0, self.fraction or 0.0)) * bar)
+        marks = {min(bar - 1, int(m * bar)) for m in self.marks}
+        style = self.get_component_rich_style
+        text = Text(self.label.ljust(LABEL_WIDTH)[:LABEL_WIDTH], style("gauge--label"), no_wrap=True)
+        for i in range(bar):
+            if i in marks and i >= filled:
+                text.append("│", style("gauge--mark"))
+            else:
+                text.append("━", style(f"gauge--{self.tone}") if i < filled else style("gauge--empty"))
+        text.append(" " + self.text.ljust(TEXT_WIDTH)[:TEXT_WIDTH])
+        return text
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.0f}%"
+
+
+def ms(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0f} ms"
+
+
+def device(info: Any, threads: int) -> str:
+    gpu = getattr(info, "gpu_layers", 0)
+    where = f"GPU {gpu}/{info.n_layer} layers" if gpu else "CPU"
+    return f"{where} · {threads} thr"
+
+
+class LivePanel(VerticalScroll):
+    def compose(self) -> ComposeResult:
+        yield Static("Models", classes="section")
+        yield Static("loading…", id="models")
+        yield Static("Mode", classes="section")
+        yield Static("", id="mode")
+        yield Static("Speculation", classes="section")
+        yield Gauge("pre-spec hit", marks=(HIT_RATE_POOR, HIT_RATE_HEALTHY), id="hit")
+        yield Gauge("acceptance", id="accept")
+        yield Static("Throughput", classes="section")
+        yield Static("", id="rate")
+        yield Sparkline([], id="spark")
+        yield Static("", id="latency")
+        yield Static("Resources", classes="section")
+        yield Gauge("draft util", id="draft-util")
+        yield Gauge("target util", id="target-util")
+        yield Gauge("branch mem", id="branches")
+
+    def show_models(self, engine: Any | None, config: EngineConfig, status: str = "") -> None:
+        lines = Text()
+        for role, mc, model in (("target", config.target, getattr(engine, "target", None)),
+                                ("draft", config.draft, getattr(engine, "draft", None))):
+            if mc is None:
+                lines.append(f"{role:<7}", "bold").append("none\n", "dim")
+                continue
+            name = mc.path.rsplit("/", 1)[-1]
+            lines.append(f"{role:<7}", "bold").append(name + "\n")
+            if model is not None:
+                info = model.info()
+                lines.append(" " * 7).append(f"{info.description} · {device(info, mc.threads)}\n", "dim")
+            elif status:
+                lines.append(" " * 7).append(status + "\n", "dim")
+        lines.rstrip()
+        self.query_one("#models", Static).update(lines)
+
+    def show_settings(self, config: EngineConfig, live: LiveModel) -> None:
+        state = live.live.state if live.live else None
+        text = Text.assemble(("mode ", "bold"), (config.mode, "bold"), "   state ")
+        if live.generating and state:
+            text.append(f"● {state}", STATE_COLOURS.get(state, "grey70"))
+        else:
+            text.append("○ idle" + (f" (last: {state})" if state else ""), "grey70")
+        text.append(f"\nk {config.spec.k} · temperature {config.sampling.temperature:g}", "dim")
+        self.query_one("#mode", Static).update(text)
+
+    def show_live(self, live: LiveModel) -> None:
+        s = live.live
+        hit = s.hit_rate if s else None
+        health = hit_rate_health(hit)
+        self.query_one("#hit", Gauge).set(hit, f"{pct(hit)} {health}" if hit is not None else "— n/a",
+                                          HEALTH_TONE[health])
+        acc = s.acceptance if s else None
+        self.query_one("#accept", Gauge).set(acc, pct(acc))
+        now, avg = live.rate_now, live.average_rate()
+        rate = Text.assemble(("tokens/s   ", "bold"), (f"{now:5.1f}" if now is not None else "    —", "bold"),
+                             " now · ", (f"{avg:.1f}" if avg is not None else "—"), " avg")
+        self.query_one("#rate", Static).update(rate)
+        self.query_one("#spark", Sparkline).data = list(live.rates) or [0.0]
+        lat = Text.assemble(("per token  ", "bold"), ("hit ", "green3"), ms(live.latency_ms("hit")),
+                            " · ", ("miss ", "red3"), ms(live.latency_ms("miss")),
+                            " · all ", ms(live.latency_ms("all")))
+        self.query_one("#latency", Static).update(lat)
+        if s is None:
+            for gid in ("#draft-util", "#target-util", "#branches"):
+                self.query_one(gid, Gauge).set(None, "—")
+            return
+        self.query_one("#draft-util", Gauge).set(s.draft_util, pct(s.draft_util))
+        self.query_one("#target-util", Gauge).set(s.target_util, pct(s.target_util))
+        used = s.branch_cells / s.budget_cells if s.budget_cells else None
+        tone = "poor" if used is not None and used >= 1.0 else "info"
+        self.query_one("#branches", Gauge).set(used, f"{s.branch_cells}/{s.budget_cells} cells"
+                                               if s.budget_cells else "— no budget", tone)
