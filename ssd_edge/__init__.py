@@ -1,0 +1,34 @@
+"""ssd-edge: speculative speculative decoding (SSD / SAGUARO) on GGUF models through llama.cpp.
+
+    from ssd_edge import Engine, EngineConfig
+    engine = Engine(EngineConfig.build(target={"path": "qwen2.5-coder-1.5b"},
+                                       draft={"path": "qwen2.5-coder-0.5b"}, mode="ssd"))
+    print(engine.complete("def fib(n):", max_tokens=64).text)
+
+The Engine (and so llama_cpp) is imported on first use, so `import ssd_edge`
+stays cheap for tools that only read configs or events.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .config import EngineConfig, ModelConfig, PrespecConfig, SamplingConfig, SpecConfig
+from .errors import SSDEdgeError
+from .events import FinishEvent, LiveStats, Round, TokenEvent
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Completion, Engine
+
+__all__ = ["Engine", "Completion", "EngineConfig", "ModelConfig", "SamplingConfig", "SpecConfig", "PrespecConfig",
+           "TokenEvent", "FinishEvent", "Round", "LiveStats", "SSDEdgeError", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Engine", "Completion"):
+        from . import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module 'ssd_edge' has no attribute {name!r}")
