@@ -47,7 +47,7 @@ class SpecConfig(_Strict):
     k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
     p_min: float = Field(default=0.0, ge=0.0, lt=1.0,
                          description="stop drafting when the draft's top probability falls below this (--draft-p-min)")
-    ngram_min: int = Field(default=1, ge=1, le=8, description="shortest n-gram the lookup drafter matches")
+    ngram_min: int = Field(default=2, ge=1, le=8, description="shortest n-gram the lookup drafter matches")
     ngram_max: int = Field(default=4, ge=1, le=16, description="longest n-gram the lookup drafter matches")
 
     @field_validator("ngram_max")
