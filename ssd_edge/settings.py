@@ -1,0 +1,304 @@
+"""Command-line settings: one table of options, four layers, one EngineConfig.
+
+Every option shared by `generate`, `chat` and `tui` is listed once in OPTIONS
+(flag names follow llama.cpp where they overlap). A value comes from the first
+layer that sets it:
+
+    1. a command-line flag                     --threads 2
+    2. an environment variable                 SSD_EDGE_THREADS=2   (SSD_EDGE_MODELS for --models-dir)
+    3. the config file (TOML, flat keys)       threads = 2          (--config FILE, SSD_EDGE_CONFIG,
+                                                                     or ~/.config/ssd-edge/config.toml)
+    4. the default
+
+`resolve()` layers the values and remembers where each came from, so an error
+can say "invalid --temp -1 (from SSD_EDGE_TEMP): must be at least 0";
+`engine_config()` turns them into a validated EngineConfig.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import platformdirs
+from pydantic import ValidationError
+
+from . import paths
+from .catalog import load_catalog
+from .config import MODES, EngineConfig
+from .errors import ConfigError
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_PREFIX = "SSD_EDGE_"
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str                 # python name and config-file key (dashes or underscores)
+    decls: tuple[str, ...]    # flag spellings, e.g. ("-c", "--ctx-size")
+    kind: type                # int, float, str, bool or list (of str; the flag repeats)
+    help: str
+    panel: str
+    env: str = ""             # environment variable; default SSD_EDGE_<NAME>
+
+    @property
+    def env_var(self) -> str:
+        return self.env or ENV_PREFIX + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "/".join(self.decls)
+
+
+_M, _R, _S, _X, _O = "Models", "Runtime", "Sampling", "Speculation", "Output"
+OPTIONS: dict[str, Option] = {o.name: o for o in [
+    Option("model", ("-m", "--model"), str, "target model: a catalog name or a .gguf path (default: the "
+           "catalog's default target)", _M),
+    Option("model_draft", ("-md", "--model-draft"), str, "draft model: a catalog name or a .gguf path (default: "
+           "the catalog's default draft when the target is the default target, else none)", _M),
+    Option("no_draft", ("--no-draft",), bool, "run without a draft model (modes ar and lookup only)", _M),
+    Option("models_dir", ("--models-dir",), str, "folder of pulled models", _M, env="SSD_EDGE_MODELS"),
+    Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all; "
+           "ignored, with a warning, on a CPU-only build)", _M),
+    Option("n_gpu_layers_draft", ("-ngld", "--n-gpu-layers-draft"), int, "draft layers offloaded to a GPU", _M),
+    Option("threads", ("-t", "--threads"), int, "target threads (default: for ssd, the cores minus the draft's "
+           "share, e.g. 1 of 2; for ar, sd and lookup, all cores)", _R),
+    Option("threads_draft", ("-td", "--threads-draft"), int, "draft threads (default: for ssd, a third of the "
+           "cores, at least 1, since draft and target run at the same time; for sd, all cores, since they take "
+           "turns)", _R),
+    Option("ctx_size", ("-c", "--ctx-size"), int, "context size in tokens, prompt and answer together "
+           "(default 4096)", _R),
+    Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
+           "context (default: generate 256, chat -1)", _R),
+    Option("temp", ("--temp",), float, "temperature; 0 = greedy (default 0)", _S),
+    Option("top_k", ("--top-k",), int, "top-k sampling; 0 = off (default 40)", _S),
+    Option("top_p", ("--top-p",), float, "top-p sampling, in (0, 1] (default 0.95)", _S),
+    Option("min_p", ("--min-p",), float, "min-p sampling, in [0, 1) (default 0.05)", _S),
+    Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
+    Option("mode", ("--mode",), str, "decoding: ar | sd | lookup | ssd | auto (default: ssd with a draft "
+           "model, lookup without)", _X),
+    Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 4)", _X),
+    Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
+    Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
+    Option("budget_cells", ("--budget-cells",), int, "SSD: draft KV cells that pre-speculated branches may hold "
+           "(default 64)", _X),
+    Option("stop", ("--stop",), list, "stop at this text (repeatable)", _O),
+    Option("config", ("--config",), str, "TOML config file (default ~/.config/ssd-edge/config.toml)", _O),
+    Option("verbose", ("--verbose",), bool, "show llama.cpp's own logs", _O),
+    Option("debug", ("--debug",), bool, "show tracebacks and debug logs", _O),
+]}
+
+# EngineConfig field -> option, to name the flag in a validation error.
+_FIELD_OPTION = {
+    ("target", "threads"): "threads", ("draft", "threads"): "threads_draft",
+    ("target", "n_gpu_layers"): "n_gpu_layers", ("draft", "n_gpu_layers"): "n_gpu_layers_draft",
+    ("n_ctx",): "ctx_size", ("mode",): "mode",
+    ("sampling", "temperature"): "temp", ("sampling", "top_k"): "top_k", ("sampling", "top_p"): "top_p",
+    ("sampling", "min_p"): "min_p", ("spec", "k"): "draft_max", ("spec", "k_min"): "draft_min",
+    ("spec", "p_min"): "draft_p_min", ("prespec", "budget_cells"): "budget_cells",
+}
+
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def default_config_file() -> Path:
+    return Path(platformdirs.user_config_dir("ssd-edge")) / "config.toml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: Mapping[str, Any]                                 # option name -> value; None: set nowhere
+    sources: Mapping[str, str] = field(default_factory=dict)  # option name -> flag, env var or file
+    config_file: Path | None = None                           # the file that was read, if any
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values.get(name)
+
+    def origin(self, name: str) -> str:
+        """' (from SSD_EDGE_TEMP)' when the value did not come from a flag; '' otherwise."""
+        src = self.sources.get(name, "")
+        return f" (from {src})" if src and not src.startswith("-") else ""
+
+    def invalid(self, name: str, why: str) -> ConfigError:
+        opt = OPTIONS[name]
+        return ConfigError(f"invalid {opt.flag} {self.values.get(name)!r}{self.origin(name)}: {why}")
+
+    @property
+    def models_dir(self) -> Path:
+        return paths.models_dir(self["models_dir"])
+
+    def max_tokens(self, default: int, n_ctx: int) -> int:
+        """-n/--n-predict as a token count (-1: as many as the context holds)."""
+        n = self["n_predict"]
+        n = default if n is None else n
+        if n == -1:
+            return n_ctx
+        if n < 1:
+            raise self.invalid("n_predict", "must be at least 1, or -1 for no limit")
+        return n
+
+
+# ---------------------------------------------------------------- layering
+
+def _parse(opt: Option, raw: Any, where: str) -> Any:
+    """A value from the environment (a string) or the config file (TOML-typed) -> the option's type."""
+    bad = ConfigError(f"invalid {opt.flag} {raw!r} (from {where}): expected {_kind_name(opt.kind)}")
+    if opt.kind is list:
+        if isinstance(raw, str):
+            return [raw]
+        if isinstance(raw, list) and all(isinstance(x, str) for x in raw):
+            return raw
+        raise bad
+    if isinstance(raw, str) and opt.kind is not str:
+        text = raw.strip().lower()
+        if opt.kind is bool:
+            if text in _TRUE | _FALSE:
+                return text in _TRUE
+            raise bad
+        try:
+            return opt.kind(text)
+        except ValueError:
+            raise bad from None
+    if opt.kind is float and isinstance(raw, int) and not isinstance(raw, bool):
+        return float(raw)
+    if type(raw) is not opt.kind:
+        raise bad
+    return raw
+
+
+def _kind_name(kind: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            list: "a string or a list of strings"}[kind]
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    out = {}
+    for key, raw in data.items():
+        name = key.replace("-", "_")
+        if name not in OPTIONS or name == "config":
+            known = ", ".join(sorted(o.replace("_", "-") for o in OPTIONS if o != "config"))
+            raise ConfigError(f"unknown setting '{key}' in config file {path} (known: {known})")
+        out[name] = _parse(OPTIONS[name], raw, str(path))
+    return out
+
+
+def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Settings:
+    """Layer flags > environment > config file > defaults (None: the default applies later).
+
+    `flags` holds what the command line gave; None (or False for a switch, [] for
+    --stop) means "not given"."""
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, opt in OPTIONS.items():
+        given = flags.get(name)
+        if given is not None and given is not False and given != []:
+            values[name], sources[name] = given, opt.decls[-1]
+        elif env.get(opt.env_var) not in (None, ""):
+            values[name], sources[name] = _parse(opt, env[opt.env_var], opt.env_var), opt.env_var
+    config_file: Path | None = None
+    if values.get("config"):
+        config_file = Path(values["config"]).expanduser()
+        file_values = read_config_file(config_file)
+    else:
+        config_file = default_config_file()
+        file_values = read_config_file(config_file) if config_file.is_file() else {}
+        if not file_values:
+            config_file = None
+    for name, value in file_values.items():
+        if name not in values:
+            values[name], sources[name] = value, str(config_file)
+    return Settings(values, sources, config_file)
+
+
+# ---------------------------------------------------------------- EngineConfig
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def default_threads(mode: str, has_draft: bool, cores: int, target: int | None, draft: int | None
+                    ) -> tuple[int, int]:
+    """(target, draft) threads. In ssd (and auto, which starts as ssd) draft and target
+    decode at the same time, so the cores are split, the target getting the larger
+    share: 2 cores -> 1 + 1, 4 -> 3 + 1, 8 -> 6 + 2. Elsewhere they take turns (sd) or
+    the target runs alone (ar, lookup), so each gets all cores."""
+    if mode in ("ssd", "auto") and has_draft:
+        if target is None:
+            d = draft if draft is not None else max(1, cores // 3)
+            return max(1, cores - d), d
+        return target, draft if draft is not None else max(1, cores - target)
+    return (target if target is not None else cores), (draft if draft is not None else cores)
+
+
+def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
+    """The EngineConfig the settings describe; ConfigError names the flag at fault."""
+    cat = load_catalog()
+    target = s["model"] or cat.default_target
+    if s["no_draft"]:
+        draft = None
+    elif s["model_draft"]:
+        draft = s["model_draft"]
+    else:
+        draft = cat.default_draft if target == cat.default_target else None
+    mode = s["mode"] or ("ssd" if draft else "lookup")
+    if mode not in MODES:
+        raise s.invalid("mode", "choose one of " + ", ".join(MODES))
+    if mode in ("sd", "ssd") and draft is None:
+        why = "--no-draft was given" if s["no_draft"] else "no draft model is set"
+        raise ConfigError(f"--mode {mode} needs a draft model, and {why}: give -md/--model-draft, or --mode ar/lookup")
+    t, td = default_threads(mode, draft is not None, cores or usable_cores(), s["threads"], s["threads_draft"])
+    seed = s["seed"]
+    sampling = {k: v for k, v in (("temperature", s["temp"]), ("top_k", s["top_k"]), ("top_p", s["top_p"]),
+                                  ("min_p", s["min_p"])) if v is not None}
+    if seed is not None and seed != -1:
+        sampling["seed"] = seed
+    spec = {k: v for k, v in (("k", s["draft_max"]), ("k_min", s["draft_min"]), ("p_min", s["draft_p_min"]))
+            if v is not None}
+    raw: dict[str, Any] = dict(
+        target=dict(path=target, threads=t, n_gpu_layers=s["n_gpu_layers"] or 0),
+        draft=dict(path=draft, threads=td, n_gpu_layers=s["n_gpu_layers_draft"] or 0) if draft else None,
+        mode=mode, sampling=sampling, spec=spec, verbose=bool(s["verbose"]))
+    if s["ctx_size"] is not None:
+        raw["n_ctx"] = s["ctx_size"]
+    if s["budget_cells"] is not None:
+        raw["prespec"] = {"budget_cells": s["budget_cells"]}
+    try:
+        return EngineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _explain(e, s) from None
+
+
+def _explain(e: ValidationError, s: Settings) -> ConfigError:
+    """The first validation error, phrased with the flag the user typed."""
+    err = e.errors()[0]
+    loc = tuple(str(x) for x in err["loc"])
+    name = _FIELD_OPTION.get(loc)
+    ctx = err.get("ctx", {})
+    why = {
+        "greater_than_equal": f"must be at least {ctx.get('ge')}",
+        "greater_than": f"must be greater than {ctx.get('gt')}",
+        "less_than_equal": f"must be at most {ctx.get('le')}",
+        "less_than": f"must be less than {ctx.get('lt')}",
+    }.get(err["type"], err["msg"])
+    if name is None:
+        return ConfigError(f"invalid setting {'.'.join(loc)}: {why}")
+    return s.invalid(name, why)
