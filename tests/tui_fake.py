@@ -1,4 +1,4 @@
-"""A fake Engine for the TUI tests: no model, a scripted reply, and the real
+"""A fake Engine and Pilot helpers for the TUI tests: no model, a scripted reply, and the real
 event types (TokenEvent, Round, LiveStats, FinishEvent). Its figures are
 computed from the script, not from a clock, so screenshots are stable.
 
@@ -8,12 +8,15 @@ target's own token, so every provenance shows up."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
 from ssd_edge.backend import ModelInfo
 from ssd_edge.config import EngineConfig
 from ssd_edge.events import FinishEvent, LiveStats, Round, TokenEvent
+from tui.app import SSDEdgeApp
+from tui.widgets.chat import PromptInput
 
 REPLY = ("Speculative decoding lets a small draft model propose tokens that the target verifies "
          "in one batch. SSD goes further: while the target verifies, the draft already prepares "
@@ -126,3 +129,42 @@ def factory(**kwargs: Any):
 
     make.engine = None
     return make
+
+
+# ---------------------------------------------------------------- pilot helpers
+
+CLOCK = 1_700_000_000.0
+SIZE = (140, 44)
+
+
+def config(**kw) -> EngineConfig:
+    return EngineConfig.build(**{"target": dict(path="fake-target.gguf"), "draft": dict(path="fake-draft.gguf"),
+                                 "mode": "ssd", **kw})
+
+
+def make_app(engine_factory=None, **kw) -> SSDEdgeApp:
+    return SSDEdgeApp(kw.pop("cfg", None) or config(), engine_factory=engine_factory or factory(),
+                      clock=lambda: CLOCK, **kw)
+
+
+async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not condition():
+        if loop.time() > end:
+            raise AssertionError("condition not reached")
+        await pilot.pause(0.02)
+
+
+async def press_button(pilot, selector: str) -> None:
+    """Press a dialog button (not a click: a notification toast may lie over it)."""
+    pilot.app.screen.query_one(selector).press()
+    await pilot.pause()
+
+
+async def send(pilot, app: SSDEdgeApp, text: str, finish: bool = True) -> None:
+    await wait_for(pilot, lambda: app.phase == "ready")
+    app.query_one(PromptInput).value = text
+    await pilot.press("enter")
+    if finish:
+        await wait_for(pilot, lambda: app.phase == "ready")

@@ -25,16 +25,15 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import Worker
 
 from ssd_edge import catalog, paths
-from ssd_edge.config import EngineConfig, ModelConfig
-from ssd_edge.errors import ConfigError
+from ssd_edge.config import EngineConfig
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
 from .controls import Controls
+from .engine_host import EngineHost
 from .live import LiveModel, finish_note
-from .loader import EngineFactory, load_engine, missing_models, model_label, pull_models
-from .messages import EngineFailed, EngineLoaded, PullFinished, PullProgress, StreamWake
-from .screens import MissingModelsScreen
+from .loader import EngineFactory
+from .messages import StreamWake
 from .stream import Chunk, Failure, Outbox, run_generation
 from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
 from .widgets.panel import LivePanel
@@ -50,7 +49,7 @@ def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
     return Engine(config, models_dir=models_dir)
 
 
-class SSDEdgeApp(Controls, App[int]):
+class SSDEdgeApp(EngineHost, Controls, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "ssd-edge"
     COMMANDS = App.COMMANDS | {SSDEdgeCommands}
@@ -136,120 +135,6 @@ class SSDEdgeApp(Controls, App[int]):
             self.store.save(self.chat)
         except OSError as e:
             self.set_status(f"could not save the chat to {self.store.folder}: {e}", error=True)
-
-    # ------------------------------------------------------------ engine: load, pull
-    def start_load(self, config: EngineConfig, old_engine: Any = None) -> None:
-        self.phase, self.config, self._load_started = "loading", config, self.clock()
-        self.sub_title = model_label(config)
-        panel = self.query_one(LivePanel)
-        panel.show_models(None, config, "loading…")
-        panel.show_settings(config, self.live)
-        self.set_status(f"Loading {model_label(config)}…")
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=None)
-        bar.display = True
-
-        def body() -> None:
-            if old_engine is not None:
-                old_engine.close()
-            load_engine(self.engine_factory, config, self.models_dir, self.post_message)
-
-        self.workers_["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
-
-    def _tick(self) -> None:
-        if self.phase == "loading":
-            self.set_status(f"Loading {model_label(self.config)}… {self.clock() - self._load_started:.0f} s")
-
-    def on_engine_loaded(self, msg: EngineLoaded) -> None:
-        self.engine, self.phase, self.fallback = msg.engine, "ready", None
-        self.config = getattr(msg.engine, "config", self.config)
-        self.query_one("#progress").display = False
-        panel = self.query_one(LivePanel)
-        panel.show_models(self.engine, self.config)
-        panel.show_settings(self.config, self.live)
-        self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
-
-    def on_engine_failed(self, msg: EngineFailed) -> None:
-        self.phase, self.exit_code = "failed", msg.exit_code
-        self.query_one("#progress").display = False
-        self.query_one(LivePanel).show_models(None, self.config, "not loaded")
-        if msg.missing:
-            self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
-            self.push_screen(MissingModelsScreen(msg.missing, msg.error), partial(self._missing_choice, msg.missing))
-        elif self.fallback is not None:
-            self.notify(msg.error, title="Could not load the models", severity="error", timeout=10)
-            config, self.fallback = self.fallback, None
-            self.start_load(config)
-        else:
-            self.set_status(f"{msg.error}  ·  F6 picks other models · Ctrl+Q quits", error=True)
-
-    def _missing_choice(self, models: list, choice: str | None) -> None:
-        if choice == "pull":
-            self.start_pull(models)
-        elif choice == "pick":
-            self.action_pick_models()
-        else:
-            self.exit(return_code=self.exit_code)
-
-    def start_pull(self, models: list) -> None:
-        self.phase = "pulling"
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=sum(m.size for m in models), progress=0)
-        bar.display = True
-        self.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
-        body = partial(pull_models, models, self.models_dir, self.pull, self.pull_cancel, self.post_message)
-        self.workers_["pull"] = self.run_worker(body, thread=True, group="pull", exit_on_error=False)
-
-    def on_pull_progress(self, msg: PullProgress) -> None:
-        self.query_one("#progress", ProgressBar).update(total=msg.total, progress=msg.done)
-        self.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
-
-    def on_pull_finished(self, msg: PullFinished) -> None:
-        self.query_one("#progress").display = False
-        missing = missing_models(self.config, self.models_dir)
-        if msg.error or missing:
-            self.phase = "failed"
-            error = msg.error or "the pull ended but models are still missing"
-            self.set_status(error, error=True)
-            self.push_screen(MissingModelsScreen(missing, error), partial(self._missing_choice, missing))
-        else:
-            self.start_load(self.config)
-
-    def switch_models(self, target: str, draft: str | None) -> None:
-        """Rebuild the engine on other models (the chat stays)."""
-        cfg = self.config
-        t = cfg.target.model_copy(update={"path": target})
-        d = None
-        if draft is not None:
-            d = (cfg.draft or ModelConfig(path=draft, threads=cfg.target.threads)).model_copy(update={"path": draft})
-        mode = cfg.mode if d is not None or cfg.mode not in ("sd", "ssd") else "lookup"
-        if mode != cfg.mode:
-            self.notify(f"no draft model: mode {cfg.mode} -> {mode}")
-        old, self.engine = self.engine, None
-        self.fallback = cfg if old is not None else None
-        self.start_load(cfg.model_copy(update={"target": t, "draft": d, "mode": mode}), old_engine=old)
-
-    def configure(self, changes: dict[str, Any]) -> str | None:
-        """Apply mode / k / temperature / max tokens; an error line, or None when applied (or queued)."""
-        changes = dict(changes)
-        max_tokens = changes.pop("max_tokens", self.max_tokens)
-        if max_tokens < 1:
-            return "max tokens must be at least 1"
-        if self.engine is None:
-            return "no model is loaded yet"
-        if self.phase == "generating":
-            self.pending.update(changes, max_tokens=max_tokens)
-            self.notify("applies when this reply ends")
-            return None
-        try:
-            self.config = self.engine.configure(**changes)
-        except ConfigError as e:
-            return str(e)
-        self.max_tokens = max_tokens
-        self.query_one(LivePanel).show_settings(self.config, self.live)
-        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k} · "
-                        f"temperature {self.config.sampling.temperature:g}")
-        return None
 
     # ------------------------------------------------------------ generation
     def on_input_submitted(self, event: Input.Submitted) -> None:

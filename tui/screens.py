@@ -120,7 +120,7 @@ class MissingModelsScreen(ModalScreen):
         lines.append(f"\nOr pull now from here ({total:.2f} GB, checked by sha256).")
         with Vertical(classes="dialog wide"):
             yield Label("Models are missing", classes="title")
-            yield Static(lines)
+            yield Static(lines, id="missing")
             yield Horizontal(Button("Pull now", variant="primary", id="pull"), Button("Pick other models", id="pick"),
                              Button("Quit", variant="error", id="quit"), classes="buttons")
 

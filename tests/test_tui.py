@@ -1,0 +1,249 @@
+"""The TUI driven through Textual's Pilot with a fake engine (tests/tui_fake.py):
+offline, no model. Waits poll the app's state; nothing asserts on timing."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from ssd_edge.config import EngineConfig
+from ssd_edge.errors import CorruptModelError, DecodeError, ModelNotFoundError
+from tui.app import SSDEdgeApp
+from tui.chats import ChatStore
+from tui.screens import ChatsScreen, MissingModelsScreen
+from tui.widgets.chat import PromptInput
+from tui.widgets.panel import Gauge
+from tui_fake import REPLY, SIZE, FakeEngine, factory, make_app, press_button, send, wait_for
+
+
+@pytest.fixture(autouse=True)
+def chats(tmp_path, monkeypatch):
+    folder = tmp_path / "chats"
+    monkeypatch.setenv("SSD_EDGE_CHATS", str(folder))
+    return folder
+
+
+async def test_prompt_streams_tokens_into_the_chat():
+    make = factory()
+    app = make_app(make)
+    renders = 0
+    original = app.render_stream
+
+    def counting(*a, **kw):
+        nonlocal renders
+        renders += 1
+        original(*a, **kw)
+
+    app.render_stream = counting
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "explain SSD")
+        user, reply = app.chat.messages
+        assert user.content == "explain SSD" and reply.content == REPLY
+        assert {p for p, _ in reply.spans()} == {"target", "draft", "prespec", "ngram"}
+        assert reply.note.startswith(f"{len(REPLY.split(' '))} tokens")
+        assert make.engine.requests == [[{"role": "user", "content": "explain SSD"}]]
+        assert app.query_one(PromptInput).value == ""
+        # batched: one redraw at most per outbox drain, never one per token
+        assert 1 <= renders < len(REPLY.split(" "))
+        await pilot.press("f3")  # provenance colours on: the legend shows
+        assert app.query_one("#legend").display
+
+
+async def test_escape_stops_generation_and_keeps_what_was_shown(chats):
+    gate = threading.Event()  # never set: the fake waits after its first round until cancelled
+    app = make_app(factory(gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "go", finish=False)
+        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        assert app.phase == "generating"
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.phase == "ready")
+        shown = app.reply.content
+        assert 0 < len(shown) < len(REPLY) and app.reply.note.startswith("stopped")
+    saved = json.loads(next(chats.glob("*.json")).read_text())
+    assert saved["messages"][1]["content"] == shown
+
+
+async def test_gauges_follow_the_events():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "hi")
+        live = app.live.live
+        hit = app.query_one("#hit", Gauge)
+        assert hit.fraction == live.hit_rate and hit.tone == "poor" and "poor" in hit.text  # 1 hit in 3 rounds
+        assert app.query_one("#accept", Gauge).fraction == live.acceptance
+        assert app.query_one("#draft-util", Gauge).fraction == live.draft_util
+        assert app.query_one("#branches", Gauge).text == f"{live.branch_cells}/64 cells"
+        assert list(app.query_one("#spark").data) == list(app.live.rates) and len(app.live.rates) > 3
+        assert "hit 40 ms" in str(app.query_one("#latency").render())  # the engine's p50 once finished
+        # colours follow the 70 % / 50 % thresholds
+        from dataclasses import replace
+        for rate, tone in ((0.8, "good"), (0.6, "fair"), (0.2, "poor")):
+            app.live.live = replace(live, hit_rate=rate)
+            app.query_one("#panel").show_live(app.live)
+            assert hit.tone == tone
+
+
+async def test_mode_k_and_temperature_reach_the_engine():
+    make = factory()
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        await pilot.press("f5")  # cycle: ssd -> auto
+        assert make.engine.configured[-1] == {"mode": "auto"} and app.config.mode == "auto"
+        await app.run_action("set_mode('sd')")  # what the palette's "Mode: sd" runs
+        assert make.engine.config.mode == "sd"
+        await pilot.press("f4")
+        await pilot.pause()
+        dialog = app.screen
+        dialog.query_one("#k").value = "99"
+        await press_button(pilot, "#ok")
+        assert "spec.k" in str(dialog.query_one("#error").render())  # ConfigError shown, dialog stays
+        assert app.screen is dialog and make.engine.config.spec.k == 4
+        dialog.query_one("#k").value = "6"
+        dialog.query_one("#temperature").value = "0.7"
+        await press_button(pilot, "#ok")
+        await pilot.pause()
+        assert app.screen is not dialog
+        assert make.engine.config.spec.k == 6 and make.engine.config.sampling.temperature == 0.7
+
+
+
+def first_command(app: SSDEdgeApp) -> str:
+    from textual.command import CommandList
+
+    found = app.screen.query(CommandList)
+    if not found or not found.first().option_count:
+        return ""
+    return str(found.first().get_option_at_index(0).prompt)
+
+
+async def test_command_palette_switches_mode():
+    make = factory()
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Mode: lookup")
+        await wait_for(pilot, lambda: "Mode: lookup" in first_command(app))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: make.engine.config.mode == "lookup")
+
+
+async def test_history_survives_a_restart(chats):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "remember me")
+        await pilot.press("ctrl+q")
+    assert app.return_code == 0
+    app2 = make_app()
+    async with app2.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app2.phase == "ready")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app2.screen, ChatsScreen))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app2.chat.messages) == 2)
+        assert app2.chat.messages[0].content == "remember me" and app2.chat.messages[1].content == REPLY
+        prompt = app2.query_one(PromptInput)
+        prompt.focus()
+        await pilot.press("up")
+        assert prompt.value == "remember me"
+        await send(pilot, app2, "and again")  # the reopened chat goes on as one conversation
+        assert len(ChatStore(chats).list()) == 1 and len(app2.chat.messages) == 4
+
+
+async def test_new_chat_and_system_prompt():
+    make = factory()
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "one")
+        first = app.chat.id
+        await pilot.press("ctrl+n")
+        assert app.chat.id != first and app.chat.messages == []
+        await pilot.press("f2")
+        await pilot.pause()
+        app.screen.query_one("#system").text = "Answer in French."
+        await press_button(pilot, "#ok")
+        await send(pilot, app, "two")
+        assert make.engine.requests[-1] == [{"role": "system", "content": "Answer in French."},
+                                            {"role": "user", "content": "two"}]
+
+
+@pytest.mark.parametrize("fail_after", [None, 1])
+async def test_engine_error_is_shown_not_raised(fail_after):
+    app = make_app(factory(fail=DecodeError("llama_decode returned -1"), fail_after=fail_after))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "hi")
+        assert app.reply.note == "error: llama_decode returned -1"
+        assert bool(app.reply.content) == (fail_after is not None)  # text shown before the error stays
+        assert app.is_running and app.phase == "ready"
+
+
+async def test_load_error_is_shown_and_sets_the_exit_code():
+    def broken(cfg, models_dir):
+        raise CorruptModelError("llama.cpp could not load /m/x.gguf (truncated or corrupt GGUF?)")
+
+    app = make_app(broken)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "failed")
+        assert "could not load /m/x.gguf" in str(app.query_one("#status").render())
+        app.query_one(PromptInput).value = "hi"
+        await pilot.press("enter")  # no engine: a notice, not a crash
+        assert app.chat.messages == []
+        await pilot.press("ctrl+q")
+    assert app.return_code == CorruptModelError.exit_code
+
+
+async def test_missing_models_are_offered_and_pulled(tmp_path):
+    models = tmp_path / "models"
+    pulled = []
+
+    def fake_pull(model, models_dir, progress=None):
+        progress(f"{model.name}: part 1/1", 0)
+        (models_dir / model.file).parent.mkdir(parents=True, exist_ok=True)
+        (models_dir / model.file).write_bytes(b"GGUF")
+        progress(f"{model.name}: part 1/1", model.size)
+        pulled.append(model.name)
+        return models_dir / model.file, True
+
+    def make(cfg, models_dir):
+        from ssd_edge.catalog import resolve_model
+
+        resolve_model(cfg.target.path, models_dir)  # ModelNotFoundError until pulled
+        return FakeEngine(cfg)
+
+    cfg = EngineConfig.build(target=dict(path="smollm2-135m"), mode="lookup")
+    app = make_app(make, cfg=cfg, models_dir=str(models), pull=fake_pull)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen))
+        assert "ssd-edge models pull smollm2-135m" in str(app.screen.query_one("#missing").render())
+        await press_button(pilot, "#pull")
+        await wait_for(pilot, lambda: app.phase == "ready")
+        assert pulled == ["smollm2-135m"] and app.engine is not None
+
+
+async def test_missing_models_quit_returns_the_error_code():
+    def missing(cfg, models_dir):
+        raise ModelNotFoundError("model 'x' is not downloaded yet")
+
+    app = make_app(missing)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "failed")
+        await pilot.press("ctrl+q")
+    assert app.return_code == ModelNotFoundError.exit_code
+
+
+async def test_quit_during_generation_cancels_and_joins(chats):
+    gate = threading.Event()
+    make = factory(gate=gate)
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "long answer", finish=False)
+        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        await pilot.press("ctrl+q")
+    assert app.cancel.is_set() and not app.workers_["generate"].is_running
+    assert make.engine.closed
+    saved = json.loads(next(chats.glob("*.json")).read_text())
+    assert saved["messages"][1]["content"] and saved["messages"][1]["note"].startswith("stopped")

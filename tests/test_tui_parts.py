@@ -1,0 +1,127 @@
+"""TUI building blocks without a running app: the chat store, the outbox,
+the provenance segmenter, the panel's figures. Offline and fast."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from ssd_edge.config import EngineConfig
+from ssd_edge.events import FinishEvent, LiveStats, Round, TokenEvent
+from ssd_edge.metrics import Meter
+from tui.chats import Chat, ChatStore, Message
+from tui.live import LiveModel, finish_note
+from tui.stream import Chunk, Failure, Outbox, Segmenter, run_generation
+from tui_fake import REPLY, FakeEngine, FakeModel
+
+
+def _round(i: int, prespec: str | None, wall_ms: float) -> Round:
+    return Round(i, "ssd", "prespec", prespec, 3, 2, wall_ms, wall_ms, 0.0)
+
+
+def _live(**kw) -> LiveStats:
+    base = dict(tokens=1, tokens_per_s=1.0, acceptance=None, hit_rate=None, draft_util=0.0, target_util=0.0,
+                branch_cells=0, budget_cells=0, mode="ssd", state="ssd")
+    return LiveStats(**{**base, **kw})
+
+
+def test_store_round_trip_list_and_atomic_write(tmp_path):
+    store = ChatStore(tmp_path / "chats")
+    chat = store.new(1_700_000_000.0, system="be brief")
+    chat.title = "first"
+    chat.messages.append(Message("user", "hi"))
+    reply = Message("assistant", "")
+    for prov, text in [("prespec", "Hel"), ("prespec", "lo"), ("target", "!")]:
+        reply.add(prov, text)
+    chat.messages.append(reply)
+    store.save(chat)
+    assert [p.name for p in (tmp_path / "chats").iterdir()] == [f"{chat.id}.json"]  # no temp file left
+    again = store.load(chat.id)
+    assert again.messages[1].spans() == [("prespec", "Hello"), ("target", "!")]
+    assert again.engine_messages() == [{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
+    second = store.new(1_700_000_000.0)  # same second: a distinct id
+    assert second.id != chat.id
+    (tmp_path / "chats" / "broken.json").write_text("{not json")
+    assert [s.title for s in store.list()] == ["first"]  # unreadable files are skipped
+
+
+def test_store_skips_empty_assistant_messages_in_the_prompt():
+    chat = Chat("x", 0.0, 0.0, messages=[Message("user", "a"), Message("assistant", "", note="error: boom"),
+                                          Message("user", "b")])
+    assert [m["content"] for m in chat.engine_messages()] == ["a", "b"]
+
+
+def test_outbox_wakes_once_per_drain():
+    wakes = []
+    box = Outbox(lambda: wakes.append(1))
+    for i in range(50):
+        box.put(Failure(str(i)))
+    assert len(wakes) == 1
+    assert len(box.drain()) == 50
+    box.put(Failure("again"))
+    assert len(wakes) == 2
+
+
+def test_segmenter_splits_a_round_by_provenance():
+    model = FakeModel("m", 1)
+    toks = model.encode("one two three")
+    ev = TokenEvent("one two three", tuple(toks), ("prespec", "prespec", "target"),
+                    _round(0, "hit", 10.0), _live())
+    assert Segmenter(model).split(ev) == (("prespec", "one two"), ("target", " three"))
+    # a delta that the pieces do not add up to (a held-back stop string) goes whole to the main provenance
+    held = TokenEvent("one", tuple(toks), ("draft", "draft", "target"), _round(0, None, 1.0), _live())
+    assert Segmenter(model).split(held) == (("draft", "one"),)
+    assert Segmenter(None).split(held) == (("draft", "one"),)
+
+
+def test_segmenter_holds_a_split_utf8_character():
+    model = FakeModel("m", 1)
+    model.vocab = ["é".encode()[:1], "é".encode()[1:] + b"!"]
+    seg = Segmenter(model)
+    first = TokenEvent("", (0,), ("draft",), _round(0, None, 1.0), _live())
+    second = TokenEvent("é!", (1,), ("target",), _round(1, None, 1.0), _live())
+    assert seg.split(first) == ()
+    assert seg.split(second) == (("target", "é!"),)
+
+
+def test_run_generation_puts_chunks_then_finish_and_turns_errors_into_lines():
+    cfg = EngineConfig.build(target=dict(path="t.gguf"), draft=dict(path="d.gguf"))
+    items = []
+    box = Outbox(lambda: None)
+    run_generation(FakeEngine(cfg), [{"role": "user", "content": "hi"}], 256, threading.Event(), box)
+    items = box.drain()
+    assert all(isinstance(i, Chunk) for i in items[:-1]) and isinstance(items[-1], FinishEvent)
+    assert "".join(t for c in items[:-1] for _, t in c.spans) == REPLY
+    run_generation(FakeEngine(cfg, fail=RuntimeError("boom")), [], 8, threading.Event(), box)
+    assert box.drain() == [Failure("RuntimeError: boom")]
+
+
+def test_live_model_rates_and_latency_by_outcome():
+    live = LiveModel()
+    live.start()
+    live.observe(_round(0, "hit", 100.0), 4, _live(hit_rate=1.0))   # 25 ms/token on a hit
+    live.observe(_round(1, "miss", 300.0), 2, _live(hit_rate=0.5))  # 150 ms/token on a miss
+    assert live.rate_now == 1e3 * 6 / 400
+    assert live.latency_ms("hit") == 25.0 and live.latency_ms("miss") == 150.0
+    live.finish({"tokens_per_s": 9.0, "latency_ms_p50": 60.0, "prespec": {"latency_ms_hit_p50": 24.0}})
+    assert live.latency_ms("hit") == 24.0 and live.latency_ms("miss") is None and live.average_rate() == 9.0
+    assert len(live.rates) == 2  # the sparkline keeps its history across generations
+
+
+def test_finish_note_names_unusual_stops():
+    stats = {"tokens": 5, "tokens_per_s": 2.0, "mode": "sd", "acceptance_rate": 0.5}
+    assert finish_note("eos", stats, None) == "5 tokens · 2.0 tok/s · sd · acceptance 50%"
+    assert finish_note("cancelled", stats, None).startswith("stopped · 5 tokens")
+    assert finish_note("context", {}, "the context of 64 tokens is full") == \
+        "context full · the context of 64 tokens is full"
+
+
+def test_fake_engine_stats_use_the_real_meter_keys():
+    """The fake's FinishEvent.stats must not drift from what Meter.summary() really reports."""
+    real = Meter("ssd", 4, 64).summary()
+    fake = next(e for e in FakeEngine(EngineConfig.build(target=dict(path="t"), draft=dict(path="d")))
+                .generate(messages=[]) if isinstance(e, FinishEvent)).stats
+    assert set(fake) <= set(real)
+    assert set(fake["prespec"]) <= set(real["prespec"])
+    json.dumps(fake)
