@@ -149,11 +149,11 @@ class _Text:
 
     def push(self, token: int) -> None:
         self.text += self.stream.push(token)
-        for s in self.stop:
-            i = self.text.find(s, max(0, self.sent - len(s)))
-            if i >= 0:
-                self.text = self.text[:i]
-                self.stopped = True
+        # cut at the earliest occurrence of any stop string (one may end inside another)
+        hits = [i for s in self.stop if (i := self.text.find(s, max(0, self.sent - len(s)))) >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.stopped = True
 
     def take(self) -> str:
         hold = 0
