@@ -25,8 +25,11 @@ from typing import Any, Callable, Protocol, Sequence, TextIO
 
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
-from . import paths
+from pydantic import ValidationError
+
+from . import paths, settings
 from .errors import ConfigError, ContextFullError, SSDEdgeError
 from .events import FinishEvent, TokenEvent
 from .signals import EXIT_TERMINATED, CancelOnSignal
@@ -38,12 +41,12 @@ BLOCK = '"""'
 CHAT_FORMAT = 1  # the layout of tui/chats.py (format 1), so `ssd-edge tui` lists chats saved here
 
 HELP = """\
-[bold]/mode[/] [ar|sd|lookup|ssd|auto]   show or set the decoding mode
-[bold]/k[/] [N]                          show or set draft tokens per round
-[bold]/temp[/] [T]                       show or set the temperature (0 = greedy)
-[bold]/system[/] [TEXT|none]             show, set or clear the system prompt
+[bold]/mode[/] \\[ar|sd|lookup|ssd|auto]   show or set the decoding mode
+[bold]/k[/] \\[N]                          show or set draft tokens per round
+[bold]/temp[/] \\[T]                       show or set the temperature (0 = greedy)
+[bold]/system[/] \\[TEXT|none]             show, set or clear the system prompt
 [bold]/clear[/]                          forget the conversation (keeps the system prompt)
-[bold]/save[/] [FILE]                    save the chat: .md as Markdown, else JSON
+[bold]/save[/] \\[FILE]                    save the chat: .md as Markdown, else JSON
                                   (default: the chats folder, where `ssd-edge tui` finds it)
 [bold]/stats[/]                          every number of the last answer
 [bold]/help[/]                           this list
@@ -87,12 +90,15 @@ def terminal_reader(console: Console) -> Reader:
 def stream_reader(stream: TextIO, console: Console, echo: bool = True) -> Reader:
     """Read lines from a stream; with `echo`, show each line after its prompt, as a terminal would."""
     def read(prompt: str) -> str | None:
-        line = stream.readline()
+        try:
+            line = stream.readline()
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"the input is not valid UTF-8 (byte 0x{e.object[e.start]:02x})") from None
         if not line:
             return None
         line = line.rstrip("\r\n")
         if echo:
-            console.print(f"[bold cyan]{escape(prompt)}[/]{escape(line)}", highlight=False)
+            console.print(Text.assemble((prompt, "bold cyan"), line))
         return line
     return read
 
@@ -243,7 +249,7 @@ class ChatSession:
         elif finish.stop_reason == "context":
             self.console.print(f"[yellow](stopped: {escape(finish.message or 'the context is full')}; "
                                "/clear starts over)[/]")
-        self.console.print(stats_line(finish.stats, finish.stop_reason, state), highlight=False)
+        self.console.print(stats_line(finish.stats, state), highlight=False)
         return EXIT_TERMINATED if sig.signum == signal.SIGTERM else 0
 
     # ------------------------------------------------------------ commands
@@ -271,6 +277,13 @@ class ChatSession:
                 value = parse(arg)
             except ValueError:
                 raise ConfigError(f"/{command} needs a number, not {arg!r}") from None
+            trial = self.engine.config.model_copy(deep=True)
+            part, name = {"mode": (trial, "mode"), "k": (trial.spec, "k"),
+                          "temperature": (trial.sampling, "temperature")}[setting]
+            try:
+                setattr(part, name, value)  # validated on assignment: the same rules as the flags
+            except ValidationError as e:
+                raise ConfigError(f"/{command} {arg}: {settings.reason(e)}") from None
             self.engine.configure(**{setting: value})
         self.console.print(f"[dim]{self._settings_text()}[/]", highlight=False)
         return True

@@ -211,8 +211,9 @@ def read_prompt(prompt: str | None) -> str:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
-                          f"{e.start})") from None
+                          f"{e.start}, line {line})") from None
     if not text.strip():
         raise ConfigError("the prompt on stdin is empty")
     return text[:-1] if text.endswith("\n") else text
@@ -299,7 +300,7 @@ def _generate(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str
             out.write("\n")
     out.flush()
     if not quiet:
-        err.print(stats_line(finish.stats, finish.stop_reason, state), soft_wrap=True)
+        err.print(stats_line(finish.stats, state), soft_wrap=True)
     if finish.stop_reason == "cancelled":
         err.print("[yellow]interrupted[/]" if sig.exit_code == EXIT_INTERRUPTED else "[yellow]terminated[/]")
         return sig.exit_code
@@ -324,7 +325,7 @@ def chat(
         s = settings.resolve(flags)
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(-1, cfg.n_ctx)
-        console = Console(highlight=False)
+        console = Console(highlight=False, soft_wrap=True)  # the terminal wraps; rich would break streamed words
         if sys.stdin.isatty():
             read = terminal_reader(console)
         else:

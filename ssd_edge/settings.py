@@ -287,18 +287,24 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         raise _explain(e, s) from None
 
 
-def _explain(e: ValidationError, s: Settings) -> ConfigError:
-    """The first validation error, phrased with the flag the user typed."""
+def reason(e: ValidationError) -> str:
+    """The first validation error in words: 'must be at least 1', 'choose one of ar, sd, ...'."""
     err = e.errors()[0]
-    loc = tuple(str(x) for x in err["loc"])
-    name = _FIELD_OPTION.get(loc)
     ctx = err.get("ctx", {})
-    why = {
+    return {
         "greater_than_equal": f"must be at least {ctx.get('ge')}",
         "greater_than": f"must be greater than {ctx.get('gt')}",
         "less_than_equal": f"must be at most {ctx.get('le')}",
         "less_than": f"must be less than {ctx.get('lt')}",
+        "literal_error": "choose one of " + ", ".join(MODES),
     }.get(err["type"], err["msg"])
+
+
+def _explain(e: ValidationError, s: Settings) -> ConfigError:
+    """The first validation error, phrased with the flag the user typed."""
+    loc = tuple(str(x) for x in e.errors()[0]["loc"])
+    name = _FIELD_OPTION.get(loc)
+    why = reason(e)
     if name is None:
         return ConfigError(f"invalid setting {'.'.join(loc)}: {why}")
     return s.invalid(name, why)

@@ -10,18 +10,15 @@ from rich.text import Text
 
 HEALTH_STYLE = {"healthy": "green", "fair": "yellow", "poor": "red", "n/a": "dim"}
 
-STOP_WORDS = {
-    "eos": "end of text", "length": "token limit", "stop": "stop string", "context": "context full",
-    "cancelled": "cancelled", "error": "error",
-}
-
-
 def _num(x: float | None, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
-def stats_line(stats: dict[str, Any], stop_reason: str | None = None, state: str | None = None) -> Text:
-    """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 · mode ssd'."""
+def stats_line(stats: dict[str, Any], state: str | None = None) -> Text:
+    """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 healthy · mode ssd'.
+
+    `state` is what ran last (LiveStats.state), shown when it differs from the mode,
+    e.g. 'mode ssd (rolled-back)'."""
     out = Text(style="dim")
     out.append(f"{stats.get('tokens', 0)} tokens · {stats.get('tokens_per_s', 0.0):.1f} tok/s")
     if stats.get("ttft_s") is not None:
@@ -35,8 +32,6 @@ def stats_line(stats: dict[str, Any], stop_reason: str | None = None, state: str
         out.append(f"{_num(pre.get('hit_rate'))} {health}", style=HEALTH_STYLE.get(health, ""))
     mode = stats.get("mode", "?")
     out.append(f" · mode {mode}" + (f" ({state})" if state and state != mode else ""))
-    if stop_reason and stop_reason not in ("eos", "length", "stop"):
-        out.append(f" · {STOP_WORDS.get(stop_reason, stop_reason)}", style="yellow")
     return out
 
 

