@@ -12,7 +12,8 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.errors import CorruptModelError, DecodeError, ModelNotFoundError
 from tui.app import SSDEdgeApp
 from tui.chats import ChatStore
-from tui.screens import ChatsScreen, MissingModelsScreen
+from tui.dialogs import ModelsScreen
+from tui.screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from tui.widgets.chat import PromptInput
 from tui.widgets.panel import Gauge
 from tui_fake import REPLY, SIZE, FakeEngine, factory, make_app, press_button, send, wait_for
@@ -247,3 +248,51 @@ async def test_quit_during_generation_cancels_and_joins(chats):
     assert make.engine.closed
     saved = json.loads(next(chats.glob("*.json")).read_text())
     assert saved["messages"][1]["content"] and saved["messages"][1]["note"].startswith("stopped")
+
+
+async def test_model_picker_rebuilds_the_engine_in_a_worker():
+    make = factory()
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        first = make.engine
+        await pilot.press("f6")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        app.screen.query_one("#target").value = "smollm2-135m"
+        app.screen.query_one("#draft").value = "none"
+        await press_button(pilot, "#ok")
+        await wait_for(pilot, lambda: make.engine is not first and app.phase == "ready")
+        assert first.closed  # the old engine is closed before the new one loads
+        cfg = make.engine.config
+        assert cfg.target.path == "smollm2-135m" and cfg.draft is None
+        assert cfg.mode == "lookup"  # ssd needs a draft: the app says so and falls back
+        assert "smollm2-135m" in str(app.query_one("#models").render())
+
+
+async def test_failed_model_switch_goes_back_to_the_previous_models():
+    def make(cfg, models_dir):
+        if cfg.target.path == "broken.gguf":
+            raise CorruptModelError("llama.cpp could not load broken.gguf")
+        return FakeEngine(cfg)
+
+    app = make_app(make)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        app.switch_models("broken.gguf", "fake-draft.gguf")
+        await wait_for(pilot, lambda: app.phase == "ready" and app.config.target.path == "fake-target.gguf")
+        assert app.engine is not None
+
+
+async def test_help_lists_every_key_and_chats_can_be_deleted(chats):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "to be deleted")
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        listed = {key for key, _ in app.screen.keys}
+        assert {"esc", "ctrl+n", "ctrl+o", "f3", "f4", "f6", "ctrl+q", "up / down"} <= listed
+        await pilot.press("escape")
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.press("delete")
+        assert not list(chats.glob("*.json")) and app.chat.messages == []  # the open chat was the one deleted

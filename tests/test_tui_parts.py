@@ -125,3 +125,24 @@ def test_fake_engine_stats_use_the_real_meter_keys():
     assert set(fake) <= set(real)
     assert set(fake["prespec"]) <= set(real["prespec"])
     json.dumps(fake)
+
+
+def test_logs_go_to_a_file_while_the_app_runs(tmp_path, monkeypatch):
+    import logging
+    import sys
+
+    from tui.app import logs_to_file
+
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path))
+    cli_like = logging.StreamHandler(sys.stderr)  # what the CLI installs on the ssd_edge logger
+    logger = logging.getLogger("ssd_edge")
+    logger.addHandler(cli_like)
+    monkeypatch.setattr(logger, "propagate", False)
+    try:
+        with logs_to_file() as path:
+            assert cli_like not in logger.handlers
+            logging.getLogger("ssd_edge.backend").warning("no GPU backend")
+        assert cli_like in logger.handlers
+        assert path == tmp_path / "logs" / "tui.log" and "no GPU backend" in path.read_text()
+    finally:
+        logger.removeHandler(cli_like)

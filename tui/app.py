@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from functools import partial
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -54,17 +56,19 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
     TITLE = "ssd-edge"
     COMMANDS = App.COMMANDS | {SSDEdgeCommands}
     BINDINGS = [
-        Binding("escape", "stop", "Stop"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+o", "open_chats", "Chats"),
-        Binding("f1", "help", "Help"),
-        Binding("f2", "system_prompt", "System"),
-        Binding("f3", "toggle_provenance", "Provenance"),
-        Binding("f4", "settings", "Settings"),
-        Binding("f5", "cycle_mode", "Mode"),
-        Binding("f6", "pick_models", "Models"),
-        Binding("ctrl+s", "screenshot", "Screenshot", show=False),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("escape", "stop", "Stop", tooltip="stop the reply being written, at once"),
+        Binding("ctrl+n", "new_chat", "New chat", tooltip="start an empty chat (keeps the system prompt)"),
+        Binding("ctrl+o", "open_chats", "Chats", tooltip="reopen a saved chat, or delete one"),
+        Binding("f1", "help", "Help", tooltip="this list"),
+        Binding("f2", "system_prompt", "System", tooltip="edit the chat's system prompt"),
+        Binding("f3", "toggle_provenance", "Provenance",
+                tooltip="colour each token by its origin: target, accepted draft, pre-speculation hit, n-gram"),
+        Binding("f4", "settings", "Settings", tooltip="mode, k, temperature, max tokens (no reload)"),
+        Binding("f5", "cycle_mode", "Mode", tooltip="next mode: ar, sd, lookup, ssd, auto"),
+        Binding("f6", "pick_models", "Models", tooltip="pick target and draft from the catalog (reloads)"),
+        Binding("ctrl+s", "screenshot", "Screenshot", show=False,
+                tooltip="save an SVG screenshot in the current folder (or $SSD_EDGE_SCREENSHOTS)"),
+        Binding("ctrl+q", "quit", "Quit", tooltip="stop the reply, save, close the models, leave"),
     ]
 
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None,
@@ -242,19 +246,45 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
             engine.close()
 
 
+@contextlib.contextmanager
+def logs_to_file() -> Iterator[Path]:
+    """While the app owns the terminal, log records go to a file instead of the
+    screen: handlers writing to stderr/stdout (e.g. the CLI's) are set aside and
+    put back afterwards."""
+    path = paths.home() / "logs" / "tui.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.setLevel(logging.WARNING)
+    saved = []
+    for logger in (logging.getLogger(), logging.getLogger("ssd_edge")):
+        to_terminal = [h for h in logger.handlers if type(h) is logging.StreamHandler
+                       and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)]
+        for h in to_terminal:
+            logger.removeHandler(h)
+        saved.append((logger, to_terminal, logger.level))
+        if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+            logger.setLevel(logging.WARNING)
+        if logger is logging.getLogger() or not logger.propagate:  # one copy of each record
+            logger.addHandler(handler)
+    try:
+        yield path
+    finally:
+        for logger, to_terminal, level in saved:
+            if handler in logger.handlers:
+                logger.removeHandler(handler)
+            for h in to_terminal:
+                logger.addHandler(h)
+            logger.setLevel(level)
+        handler.close()
+
+
 def run_app(config: EngineConfig, models_dir: str | None = None) -> int:
     """Run the TUI until the user quits; returns the process exit code."""
-    root = logging.getLogger()
-    if not root.handlers:  # the screen is the terminal: warnings and tracebacks go to a file
-        log_dir = paths.home() / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(log_dir / "tui.log", encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.WARNING)
     app = SSDEdgeApp(config, models_dir=models_dir)
-    try:
-        app.run()
-    finally:
-        app.close_engine()
+    with logs_to_file():
+        try:
+            app.run()
+        finally:
+            app.close_engine()
     return app.return_code or 0

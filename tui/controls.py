@@ -108,7 +108,7 @@ class Controls:
         self.push_screen(ModelsScreen(cat, self.config, self.models_dir), done)
 
     def action_help(self: "SSDEdgeApp") -> None:
-        keys = [(b.key.replace("escape", "esc"), b.description) for b in self.BINDINGS]
+        keys = [(b.key.replace("escape", "esc"), b.tooltip or b.description) for b in self.BINDINGS]
         self.push_screen(HelpScreen(EXTRA_KEYS + keys))
 
     def action_screenshot(self: "SSDEdgeApp") -> None:

@@ -61,7 +61,8 @@ class EngineHost:
             self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
             self.push_screen(MissingModelsScreen(msg.missing, msg.error), partial(self._missing_choice, msg.missing))
         elif self.fallback is not None:
-            self.notify(msg.error, title="Could not load the models", severity="error", timeout=10)
+            self.notify(msg.error, title="Could not load the models; back to the previous ones", severity="error",
+                        timeout=10)
             config, self.fallback = self.fallback, None
             self.start_load(config)
         else:

@@ -26,7 +26,7 @@ pre-spec hit   share of SSD rounds whose draft was ready before the target finis
                green at {HIT_RATE_HEALTHY:.0%} or more, yellow in between, red under {HIT_RATE_POOR:.0%}
 acceptance     accepted draft tokens / drafted tokens
 tokens/s       now: the last few rounds; avg: this reply (the engine's own figure once it ends)
-per token      median latency per token on pre-speculation hits and misses (p50 from the engine at the end)
+per token      median latency per token on pre-speculation hits and misses (the engine's p50 at the end)
 util           share of wall time the draft / target spent computing
 branch mem     draft KV cells held by pre-speculation branches, against the budget
 state          what runs now: ssd, sd, backup (n-gram), rolled-back (plain sd), sla-cut"""
@@ -51,7 +51,7 @@ class HelpScreen(ModalScreen):
         with VerticalScroll(classes="dialog wide"):
             yield Label("ssd-edge keys", classes="title")
             yield Static(table)
-            yield Label("The live panel", classes="title")
+            yield Label("\nThe live panel", classes="title")
             yield Static(Text(PANEL_HELP))
             yield Static(legend)
             yield Static("Esc closes this help.", classes="hint")

@@ -69,10 +69,12 @@ def ms(x: float | None) -> str:
     return "—" if x is None else f"{x:.0f} ms"
 
 
-def device(info: Any, threads: int) -> str:
+def describe_model(info: Any, threads: int) -> str:
+    """Size and device, e.g. '0.49B params · 0.47 GB · CPU · 1 thr' (llama.cpp's own
+    description rounds sizes into classes, calling a 0.5B model '1B')."""
     gpu = getattr(info, "gpu_layers", 0)
-    where = f"GPU {gpu}/{info.n_layer} layers" if gpu else "CPU"
-    return f"{where} · {threads} thr"
+    where = f"GPU {gpu}/{info.n_layer + 1} layers" if gpu else "CPU"
+    return f"{info.n_params / 1e9:.2f}B params · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
 
 
 class LivePanel(VerticalScroll):
@@ -104,7 +106,7 @@ class LivePanel(VerticalScroll):
             lines.append(f"{role:<7}", "bold").append(name + "\n")
             if model is not None:
                 info = model.info()
-                lines.append(" " * 7).append(f"{info.description} · {device(info, mc.threads)}\n", "dim")
+                lines.append(" " * 7).append(describe_model(info, mc.threads) + "\n", "dim")
             elif status:
                 lines.append(" " * 7).append(status + "\n", "dim")
         lines.rstrip()
@@ -132,7 +134,7 @@ class LivePanel(VerticalScroll):
         rate = Text.assemble(("tokens/s   ", "bold"), (f"{now:5.1f}" if now is not None else "    —", "bold"),
                              " now · ", (f"{avg:.1f}" if avg is not None else "—"), " avg")
         self.query_one("#rate", Static).update(rate)
-        self.query_one("#spark", Sparkline).data = list(live.rates) or [0.0]
+        self.query_one("#spark", Sparkline).data = list(live.rates)
         lat = Text.assemble(("per token  ", "bold"), ("hit ", "green3"), ms(live.latency_ms("hit")),
                             " · ", ("miss ", "red3"), ms(live.latency_ms("miss")),
                             " · all ", ms(live.latency_ms("all")))
