@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from .autopilot import Autopilot
 from .backend import Context, Model, TextStream, check_same_vocab
 from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig
@@ -218,7 +219,8 @@ class Engine:
         self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
         self._lock = threading.Lock()
         self._worker: PrespecWorker | None = None
-        self.profile = None  # a calibration profile, for mode auto
+        self.profile = None  # a calibration profile (profile.Profile), for mode auto; loaded on first use
+        self._profile_looked_up = False
 
     # ------------------------------------------------------------ settings
     def configure(self, **changes: Any) -> EngineConfig:
@@ -250,9 +252,29 @@ class Engine:
     def resolve_mode(self, mode: str) -> str:
         if mode != "auto":
             return mode
-        if self.profile is not None:
+        if self.auto_profile() is not None:
             return self.profile.choose(self.config).mode
         return "ssd" if self.draft is not None else "lookup"
+
+    def auto_profile(self):
+        """This device's calibration profile for the loaded pair (`ssd-edge calibrate`), or None."""
+        if self.profile is None and not self._profile_looked_up:
+            self._profile_looked_up = True
+            from . import profile
+            try:
+                self.profile = profile.load(self.target.path, self.draft.path if self.draft is not None else None)
+            except OSError:  # a model without a file (the tests' fakes)
+                self.profile = None
+            if self.profile is None:
+                log.info("no calibration profile for this device and pair (run ssd-edge calibrate); "
+                         "auto falls back to %s", "ssd" if self.draft is not None else "lookup")
+        return self.profile
+
+    def _set_threads(self, cfg: EngineConfig) -> None:
+        """Give each context the thread count of `cfg` (auto may pick a split other than the config's)."""
+        for ctx, m in ((self.target_ctx, cfg.target), (self.draft_ctx, cfg.draft)):
+            if ctx is not None and m is not None and getattr(ctx, "threads", m.threads) != m.threads:
+                ctx.set_threads(m.threads)
 
     # ------------------------------------------------------------ prompts
     def prompt_tokens(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None) -> list[int]:
@@ -284,20 +306,21 @@ class Engine:
         if len(prompt_ids) >= self.config.n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens and does not fit in the context of "
                                    f"{self.config.n_ctx} (raise -c/--ctx-size)")
-        mode = self.resolve_mode(mode or self.config.mode)
+        requested = mode or self.config.mode
+        mode = self.resolve_mode(requested)
         if mode in ("sd", "ssd") and self.draft is None:
             raise ConfigError(f"mode '{mode}' needs a draft model (-md)")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
             yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(),
-                                 sampling or self.config.sampling)
+                                 sampling or self.config.sampling, auto=requested == "auto")
         finally:
             self._lock.release()
 
     def _strategy(self, mode: str, s: SamplingConfig, rng: np.random.Generator, meter: Meter,
-                  cancelled: Callable[[], bool]) -> _Plain:
-        cfg = self.config
+                  cancelled: Callable[[], bool], cfg: EngineConfig | None = None) -> _Plain:
+        cfg = cfg or self.config
         ngram = NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max)
         if mode == "ar":
             return _Plain()
@@ -315,10 +338,16 @@ class Engine:
         return _SSD(worker, policy, ngram, meter)
 
     def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
-             s: SamplingConfig) -> Iterator[Event]:
-        cfg = self.config
+             s: SamplingConfig, auto: bool = False) -> Iterator[Event]:
+        # auto with a profile: the autopilot picks mode, k, threads and window, and may switch mid-way
+        pilot = Autopilot.start(self.profile, self.config) if auto and self.profile is not None else None
+        cfg = pilot.run_config if pilot is not None else self.config
+        mode = cfg.mode if pilot is not None else mode
+        self._set_threads(cfg)
         k_max = cfg.spec.k if mode != "ar" else 0
-        meter = Meter(mode, k_max, cfg.prespec.budget_cells if mode == "ssd" else 0)
+        meter = Meter("auto" if pilot is not None else mode, k_max,
+                      cfg.prespec.budget_cells if mode == "ssd" or pilot is not None else 0)
+        meter.state = mode
         meter.n_prompt = len(prompt)
         target_rng, draft_rng = (np.random.default_rng(x) for x in np.random.SeedSequence(s.seed).spawn(2))
         text = _Text(self.target, stop)
@@ -326,7 +355,7 @@ class Engine:
         out: list[int] = []
         reason: StopReason | None = None
         message: str | None = None
-        strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set)
+        strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
         try:
             while reason is None:
                 if cancel.is_set():
@@ -338,6 +367,8 @@ class Engine:
                     break
                 k = max(0, min(k_max, room - 1, max_tokens - len(out) - 1))
                 t_round = time.perf_counter()
+                if pilot is not None:
+                    pilot.round_start(history)
                 prop = strategy.propose(history, k) if k > 0 else Proposal(EMPTY, "none", None)
                 draft = prop.draft if len(prop.draft) >= max(cfg.spec.k_min, 1) else EMPTY
                 t_verify = time.perf_counter()
@@ -373,18 +404,31 @@ class Engine:
                             (t_verify - t_round) * 1e3)
                 strategy.observe(prop, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1))
                 meter.record(rnd, len(new))
+                if pilot is not None and pilot.round_end(rnd, history) is not None and reason is None:
+                    self._end_strategy(strategy)
+                    cfg, mode = pilot.run_config, pilot.choice.mode
+                    k_max = cfg.spec.k if mode != "ar" else 0
+                    self._set_threads(cfg)
+                    strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
+                    meter.state = mode
                 yield TokenEvent(text.take(), tuple(new), tuple(prov), rnd, meter.live())
         except Cancelled:
             reason = "cancelled"
         except ContextFullError as e:
             reason, message = "context", str(e)
         finally:
-            strategy.close()
-            if self._worker is not None:  # the worker may have moved the draft's main sequence
-                self.draft_kv = self._worker.drafter.kv
-                self._worker = None
+            self._end_strategy(strategy)
         tail = text.finish()
-        yield FinishEvent(text.text, tuple(out), reason or "length", meter.summary(), message, tail)
+        stats = meter.summary()
+        if pilot is not None:
+            stats["auto"] = pilot.report()
+        yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
+
+    def _end_strategy(self, strategy: _Plain) -> None:
+        strategy.close()
+        if self._worker is not None:  # the worker may have moved the draft's main sequence
+            self.draft_kv = self._worker.drafter.kv
+            self._worker = None
 
     def close(self) -> None:
         for obj in (self.draft_ctx, self.target_ctx, self.draft, self.target):

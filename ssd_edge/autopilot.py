@@ -1,0 +1,183 @@
+"""Mode `auto` during a generation: start from the profile's choice, watch the
+live numbers, re-decide when they drift.
+
+The Autopilot sees every round the engine commits. It keeps three live
+estimates, each blended with the profile's probe value as if that value were
+`prior_weight` rounds of evidence:
+
+    alpha        draft model acceptance, from rounds verified with a model draft
+    hit rate     SSD pre-speculation lookups that hit
+    n-gram       a shadow n-gram drafter asked at the start of every round (it costs
+                 microseconds), scored against the tokens the target went on to commit;
+                 so prompt lookup's value is known even while another mode runs
+
+Every `every` rounds, if an estimate moved by more than `drift` from what the
+current choice assumed, the profile's expected-throughput model is asked again;
+the engine switches only when the new choice is expected to be faster by more
+than `hysteresis` (a switch stops or starts the SSD worker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .config import EngineConfig
+from .drafters import NgramDrafter
+from .events import Round
+from .profile import Acceptance, Choice, Profile
+
+
+@dataclass
+class _Rate:
+    """A live ratio blended with a prior: (hits + w * prior) / (n + w)."""
+
+    prior: float
+    weight: float
+    hits: float = 0.0
+    n: float = 0.0
+
+    def add(self, hits: float, n: float = 1.0) -> None:
+        self.hits += hits
+        self.n += n
+
+    @property
+    def value(self) -> float:
+        return (self.hits + self.weight * self.prior) / (self.n + self.weight)
+
+
+@dataclass
+class _Geometric:
+    """Per-token acceptance alpha, counted as trials: each drafted token the target reached is
+    a success (accepted) or the one failure that ends the draft. The maximum-likelihood alpha
+    of a capped geometric is successes / (successes + failures); the prior counts as `weight` trials."""
+
+    prior: float
+    weight: float
+    successes: int = 0
+    failures: int = 0
+
+    def add(self, successes: int, failures: int) -> None:
+        self.successes += successes
+        self.failures += failures
+
+    def add_round(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.add(accepted, int(accepted < drafted))
+
+    @property
+    def value(self) -> float:
+        return (self.successes + self.weight * self.prior) / (self.successes + self.failures + self.weight)
+
+
+class NgramShadow:
+    """Asks an n-gram drafter at every round start and scores each proposed token as the
+    committed tokens decide it (so long proposals are not scored later than short ones)."""
+
+    def __init__(self, drafter: NgramDrafter, k: int) -> None:
+        self.drafter = drafter
+        self.k = k
+        self.pending: list[tuple[int, tuple[int, ...], int]] = []  # (history length when asked, proposal, decided)
+
+    def ask(self, history: Sequence[int]) -> bool:
+        """True when the drafter proposed something here."""
+        prop = self.drafter.propose(history, self.k).tokens
+        if prop:
+            self.pending.append((len(history), prop, 0))
+        return bool(prop)
+
+    def settle(self, history: Sequence[int]) -> tuple[int, int]:
+        """(proposed tokens that matched, proposals that hit a mismatch) decided since the last call."""
+        matched = mismatched = 0
+        keep = []
+        for start, prop, seen in self.pending:
+            known = min(len(history) - start, len(prop))
+            ended = False
+            while seen < known:
+                if history[start + seen] != prop[seen]:
+                    mismatched += 1
+                    ended = True
+                    break
+                matched += 1
+                seen += 1
+            if not ended and seen < len(prop):
+                keep.append((start, prop, seen))
+        self.pending = keep
+        return matched, mismatched
+
+
+@dataclass
+class Autopilot:
+    profile: Profile
+    config: EngineConfig        # the engine's own config: thread caps, k cap, pre-speculation limits
+    choice: Choice
+    every: int = 6
+    prior_weight: float = 8.0  # trials (per-token) or lookups of evidence that the profile's value counts as
+    drift: float = 0.08
+    hysteresis: float = 0.05
+    rounds: int = 0
+    switches: list[tuple[int, str, int]] = field(default_factory=list)  # (round, mode, k)
+
+    def __post_init__(self) -> None:
+        p, w = self.profile.acceptance, self.prior_weight
+        self.alpha = _Geometric(p.alpha, w)        # w trials of prior
+        self.ngram = _Geometric(p.ngram_alpha, w)
+        self.proposal = _Rate(p.ngram_proposal_rate, w)
+        self.hit = _Rate(p.hit_rate, w)
+        spec = self.config.spec
+        self.shadow = NgramShadow(NgramDrafter(spec.ngram_min, spec.ngram_max), self.profile.k_max)
+
+    @classmethod
+    def start(cls, profile: Profile, config: EngineConfig, **kwargs) -> "Autopilot":
+        return cls(profile, config, profile.choose(config), **kwargs)
+
+    @property
+    def run_config(self) -> EngineConfig:
+        """The config that runs the current choice."""
+        return self.choice.apply(self.config)
+
+    def live(self) -> Acceptance:
+        return Acceptance(alpha=self.alpha.value, ngram_alpha=self.ngram.value,
+                          ngram_proposal_rate=self.proposal.value, hit_rate=self.hit.value)
+
+    # ------------------------------------------------------------ observations
+    def round_start(self, history: Sequence[int]) -> None:
+        self.proposal.add(1.0 if self.shadow.ask(history) else 0.0)
+
+    def round_end(self, rnd: Round, history: Sequence[int]) -> Choice | None:
+        """Record a committed round; returns the new Choice when the engine should switch."""
+        if rnd.speculator in ("draft", "prespec"):
+            self.alpha.add_round(rnd.drafted, rnd.accepted)
+        if rnd.prespec is not None:
+            self.hit.add(1.0 if rnd.prespec == "hit" else 0.0)
+        self.ngram.add(*self.shadow.settle(history))
+        self.rounds += 1
+        return self._decide() if self.rounds % self.every == 0 else None
+
+    def report(self) -> dict:
+        """For the FinishEvent's stats: what ran, what it assumed, and when it switched."""
+        c = self.choice
+        return {"mode": c.mode, "k": c.k, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
+                "window": c.window, "expected_tokens_per_s": c.expected_tokens_per_s,
+                "live": self.live().model_dump(), "switches": [list(x) for x in self.switches]}
+
+    # ------------------------------------------------------------ decision
+    def _decide(self) -> Choice | None:
+        live, old = self.live(), self.choice.assumed
+        moved = max(abs(live.alpha - old.alpha), abs(live.hit_rate - old.hit_rate),
+                    abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
+        if moved <= self.drift:
+            return None
+        rates = self.profile.rates(self.config, live)
+        best = self.profile.choose(self.config, live)
+        now = next((c.expected_tokens_per_s for c in rates if _same_plan(c, self.choice)), 0.0)
+        if best.expected_tokens_per_s <= now * (1 + self.hysteresis):
+            self.choice = self.choice.model_copy(update=dict(assumed=live))  # same plan, fresh assumptions
+            return None
+        self.choice = best
+        self.switches.append((self.rounds, best.mode, best.k))
+        return best
+
+
+def _same_plan(a: Choice, b: Choice) -> bool:
+    return (a.mode, a.k, a.target_threads, a.draft_threads) == (b.mode, b.k, b.target_threads, b.draft_threads)

@@ -1,0 +1,320 @@
+"""What `ssd-edge bench` makes of its runs: summary rows per (setting, mode,
+category), the goals checked against them, a markdown report in the style of
+llama-bench, and a plot (speedup per category, pre-speculation hit rate).
+
+Aggregates are ratios of sums, not means of ratios: decode tokens/s is
+sum(tokens - 1) / sum(time after the first token) over a group's runs, and
+every speedup divides two such numbers measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from .bench import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow
+
+FIXED = ("sd", "lookup", "ssd")
+ALL = "all"
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: int | None) -> SummaryRow:
+    tokens = sum(r.tokens for r in runs)
+    decode_tokens = sum(max(r.tokens - 1, 0) for r in runs)
+    decode_s = sum(r.decode_s for r in runs)
+    lat = [x for r in runs for x in r.latencies_ms]
+    ttfts = [r.ttft_s for r in runs if r.ttft_s is not None]
+    wall = sum(r.wall_s for r in runs)
+    lookups = sum(r.lookups for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    return SummaryRow(
+        setting=setting, mode=mode, category=category, k=k, runs=len(runs), tokens=tokens,
+        tokens_per_s=decode_tokens / decode_s if decode_s else 0.0,
+        tokens_per_s_std=statistics.pstdev([r.tokens_per_s for r in runs]) if len(runs) > 1 else 0.0,
+        speedup_vs_ar=None,
+        ttft_ms=1e3 * statistics.fmean(ttfts) if ttfts else None,
+        latency_p50_ms=float(np.percentile(lat, 50)) if lat else None,
+        latency_p95_ms=float(np.percentile(lat, 95)) if lat else None,
+        acceptance=_ratio(sum(r.accepted for r in runs), drafted) if drafted else None,
+        mean_accepted_len=_ratio(sum(r.accepted for r in runs), sum(r.spec_rounds for r in runs))
+        if drafted else None,
+        hit_rate=_ratio(sum(r.hits for r in runs), lookups) if lookups else None,
+        draft_util=_ratio(sum(r.draft_busy_s for r in runs), wall),
+        target_util=_ratio(sum(r.target_busy_s for r in runs), wall),
+        peak_rss_mib=max(r.peak_rss_mib for r in runs))
+
+
+def _peer_row(setting: str, k: int, category: str, runs: list[PeerRecord]) -> SummaryRow:
+    decode_s = sum(r.decode_s for r in runs)
+    drafted = sum(r.drafted for r in runs)
+    return SummaryRow(
+        setting=setting, mode=peer_mode(k), category=category, k=k, runs=len(runs), tokens=sum(r.tokens for r in runs),
+        tokens_per_s=sum(r.tokens for r in runs) / decode_s if decode_s else 0.0,
+        tokens_per_s_std=statistics.pstdev([r.tokens_per_s for r in runs]) if len(runs) > 1 else 0.0,
+        speedup_vs_ar=None, ttft_ms=None, latency_p50_ms=None, latency_p95_ms=None,
+        acceptance=_ratio(sum(r.accepted for r in runs), drafted) if drafted else None, mean_accepted_len=None,
+        hit_rate=None, draft_util=None, target_util=None, peak_rss_mib=None)
+
+
+def peer_mode(k: int) -> str:
+    return f"llama.cpp k={k}"
+
+
+def summarize(runs: Iterable[RunRecord], peer: Iterable[PeerRecord] = (), k: int | None = None) -> list[SummaryRow]:
+    """Summary rows per (setting, mode, category) and per (setting, mode) over all categories ('all')."""
+    groups: dict[tuple[str, str, str], list[RunRecord]] = defaultdict(list)
+    for r in runs:
+        if r.rep < 0:
+            continue
+        groups[(r.setting, r.mode, r.category)].append(r)
+        groups[(r.setting, r.mode, ALL)].append(r)
+    rows = [_rows_for(s, m, c, rs, 0 if m == "ar" else (None if m == "auto" else k)) for (s, m, c), rs in groups.items()]
+    pgroups: dict[tuple[str, int, str], list[PeerRecord]] = defaultdict(list)
+    for r in peer:
+        pgroups[(r.setting, r.k, r.category)].append(r)
+        pgroups[(r.setting, r.k, ALL)].append(r)
+    rows += [_peer_row(s, kk, c, rs) for (s, kk, c), rs in pgroups.items()]
+    base = {(r.setting, r.category): r.tokens_per_s for r in rows if r.mode == "ar"}
+    for r in rows:
+        ar = base.get((r.setting, r.category))
+        r.speedup_vs_ar = r.tokens_per_s / ar if ar else None
+    order = {c: i for i, c in enumerate((ALL, *CATEGORIES))}
+    rows.sort(key=lambda r: (r.setting != "separate", order.get(r.category, 99), _mode_order(r.mode)))
+    return rows
+
+
+def _mode_order(mode: str) -> tuple[int, str]:
+    fixed = ("ar", "sd", "lookup", "ssd", "auto")
+    return (fixed.index(mode), "") if mode in fixed else (len(fixed), mode)
+
+
+def _get(rows: list[SummaryRow], setting: str, mode: str, category: str) -> SummaryRow | None:
+    return next((r for r in rows if (r.setting, r.mode, r.category) == (setting, mode, category)), None)
+
+
+# ---------------------------------------------------------------- goals
+
+def goals(rows: list[SummaryRow], modes: Iterable[str]) -> list[Goal]:
+    modes = list(modes)
+    out: list[Goal] = []
+    settings = sorted({r.setting for r in rows})
+
+    def best(setting: str, category: str, pool: Iterable[str]) -> SummaryRow | None:
+        cand = [r for r in rows if r.setting == setting and r.category == category and r.mode in pool]
+        return max(cand, key=lambda r: r.tokens_per_s, default=None)
+
+    if "shared" in settings:
+        b = best("shared", "code", [*FIXED, "auto"])
+        ar = _get(rows, "shared", "ar", "code")
+        v = b.tokens_per_s / ar.tokens_per_s if b and ar and ar.tokens_per_s else None
+        out.append(Goal(name="shared cores: best mode vs ar on code", threshold=">= 1.35x", value=v,
+                        met=None if v is None else v >= 1.35,
+                        detail=f"best {b.mode} {b.tokens_per_s:.2f} tok/s vs ar {ar.tokens_per_s:.2f}" if b and ar else "no data"))
+        peers = [r for r in rows if r.setting == "shared" and r.category == "code" and r.mode.startswith("llama.cpp")]
+        pb = max(peers, key=lambda r: r.tokens_per_s, default=None)
+        v = b.tokens_per_s / pb.tokens_per_s if b and pb and pb.tokens_per_s else None
+        out.append(Goal(name="shared cores: best mode vs llama.cpp speculative (best k) on code", threshold=">= 1.25x",
+                        value=v, met=None if v is None else v >= 1.25,
+                        detail=f"best {b.mode} {b.tokens_per_s:.2f} vs {pb.mode} {pb.tokens_per_s:.2f} tok/s"
+                        if b and pb else "llama.cpp peer not available"))
+    if "separate" in settings:
+        ssd, sd = _get(rows, "separate", "ssd", ALL), _get(rows, "separate", "sd", ALL)
+        v = ssd.tokens_per_s / sd.tokens_per_s if ssd and sd and sd.tokens_per_s else None
+        out.append(Goal(name="separate cores: ssd vs sd (all prompts)", threshold=">= 1.9x", value=v,
+                        met=None if v is None else v >= 1.9,
+                        detail=f"ssd {ssd.tokens_per_s:.2f} vs sd {sd.tokens_per_s:.2f} tok/s" if ssd and sd else "no data"))
+    if "auto" in modes:
+        for s in settings:
+            worst_best, worst_ar, d_best, d_ar = None, None, "", ""
+            for c in (ALL, *CATEGORIES):
+                auto, ar = _get(rows, s, "auto", c), _get(rows, s, "ar", c)
+                b = best(s, c, ["ar", *FIXED])
+                if not auto or not b or not ar:
+                    continue
+                vb, va = auto.tokens_per_s / b.tokens_per_s, auto.tokens_per_s / ar.tokens_per_s
+                if worst_best is None or vb < worst_best:
+                    worst_best, d_best = vb, f"worst on {c}: auto {auto.tokens_per_s:.2f} vs {b.mode} {b.tokens_per_s:.2f}"
+                if worst_ar is None or va < worst_ar:
+                    worst_ar, d_ar = va, f"worst on {c}: auto {auto.tokens_per_s:.2f} vs ar {ar.tokens_per_s:.2f}"
+            out.append(Goal(name=f"{s}: auto vs the best fixed mode, every category", threshold=">= 0.95x",
+                            value=worst_best, met=None if worst_best is None else worst_best >= 0.95,
+                            detail=d_best or "no data"))
+            out.append(Goal(name=f"{s}: auto vs ar, every category", threshold=">= 0.95x", value=worst_ar,
+                            met=None if worst_ar is None else worst_ar >= 0.95, detail=d_ar or "no data"))
+    return out
+
+
+# ---------------------------------------------------------------- markdown
+
+def _f(x: float | None, fmt: str = ".2f", none: str = "–") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _threads(result: BenchResult, setting: str) -> str:
+    s = next(x for x in result.settings if x.name == setting)
+    return f"{s.target_threads}+{s.draft_threads}"
+
+
+def auto_choices(result: BenchResult) -> dict[tuple[str, str], str]:
+    """What auto ran per (setting, category): share of rounds per mode."""
+    out = {}
+    groups: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in result.runs:
+        if r.mode == "auto" and r.rep >= 0:
+            for m, n in r.modes_run.items():
+                groups[(r.setting, r.category)][m] += n
+                groups[(r.setting, ALL)][m] += n
+    for key, counts in groups.items():
+        total = sum(counts.values())
+        out[key] = " ".join(f"{m} {n / total:.0%}" for m, n in sorted(counts.items(), key=lambda x: -x[1]))
+    return out
+
+
+def agreement(result: BenchResult) -> tuple[int, int]:
+    """(runs whose output tokens equal ar's on the same setting and prompt, runs compared); greedy only."""
+    ar = {(r.setting, r.prompt_id, r.rep): r.output_sha for r in result.runs if r.mode == "ar"}
+    same = total = 0
+    for r in result.runs:
+        if r.mode != "ar" and (r.setting, r.prompt_id, r.rep) in ar and r.rep >= 0:
+            total += 1
+            same += r.output_sha == ar[(r.setting, r.prompt_id, r.rep)]
+    return same, total
+
+
+def markdown(result: BenchResult, brief: bool = False) -> str:
+    rows = result.summary
+    m = result.machine
+    lines: list[str] = []
+    if not brief:
+        models = ", ".join(f"{x.role} {x.name} ({x.size / 2**20:.0f} MiB)" for x in result.models)
+        lines += [
+            f"# ssd-edge bench — {result.created}",
+            "",
+            f"- command: `{' '.join(result.command)}`",
+            f"- machine: {m.cpu}, {m.cores} cores, {m.ram_gib} GiB RAM, {m.os}; load average at start "
+            f"{m.load_avg_start[0]:.2f}, at end {_f(m.load_avg_end[0] if m.load_avg_end else None)}",
+            f"- models: {models}",
+            f"- libraries: " + ", ".join(f"{k} {v}" for k, v in result.libraries.items()),
+            f"- {len(result.prompts)} prompts ({', '.join(result.options.categories)}), {result.options.max_tokens} "
+            f"tokens each, {result.options.reps} pass(es), seed {result.options.seed}, temperature "
+            f"{result.options.temperature}, k = {result.options.k}; run took {result.duration_s / 60:.1f} min"
+            + (" — INTERRUPTED, partial" if result.interrupted else ""),
+            f"- llama.cpp peer: {result.peer.version or ''} {result.peer.note}".rstrip(),
+            "",
+        ]
+        for s in result.settings:
+            lines.append(f"- setting `{s.name}`: {s.description}")
+        lines.append("")
+    lines += ["| setting | mode | k | threads | t/s | speedup | TTFT ms | p50 ms | p95 ms | accept | mean acc | "
+              "hit rate | draft util | target util | peak MiB |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        if r.category != ALL:
+            continue
+        lines.append(
+            f"| {r.setting} | {r.mode} | {_f(r.k, 'd', 'auto')} | {_threads(result, r.setting)} | "
+            f"{r.tokens_per_s:.2f} ± {r.tokens_per_s_std:.2f} | {_f(r.speedup_vs_ar)}x | {_f(r.ttft_ms, '.0f')} | "
+            f"{_f(r.latency_p50_ms, '.0f')} | {_f(r.latency_p95_ms, '.0f')} | {_f(r.acceptance)} | "
+            f"{_f(r.mean_accepted_len)} | {_f(r.hit_rate)} | {_f(r.draft_util)} | {_f(r.target_util)} | "
+            f"{_f(r.peak_rss_mib, '.0f')} |")
+    cats = [c for c in CATEGORIES if any(r.category == c for r in rows)]
+    lines += ["", "Decode tokens/s per category (speedup vs ar in the same setting):", "",
+              "| setting | mode | " + " | ".join(cats) + " |", "|---|---|" + "--:|" * len(cats)]
+    seen = []
+    for r in rows:
+        if r.category == ALL and (r.setting, r.mode) not in seen:
+            seen.append((r.setting, r.mode))
+    for s, mode in seen:
+        cells = []
+        for c in cats:
+            x = _get(rows, s, mode, c)
+            cells.append("–" if x is None else f"{x.tokens_per_s:.2f} ({_f(x.speedup_vs_ar)}x)")
+        lines.append(f"| {s} | {mode} | " + " | ".join(cells) + " |")
+    choices = auto_choices(result)
+    if choices:
+        lines += ["", "What auto ran (share of rounds):", "", "| setting | " + " | ".join([ALL, *cats]) + " |",
+                  "|---|" + "---|" * (len(cats) + 1)]
+        for s in [x.name for x in result.settings]:
+            lines.append(f"| {s} | " + " | ".join(choices.get((s, c), "–") for c in [ALL, *cats]) + " |")
+    if result.goals:
+        lines += ["", "| goal | threshold | value | met | detail |", "|---|---|--:|---|---|"]
+        for g in result.goals:
+            met = "–" if g.met is None else ("yes" if g.met else "**no**")
+            lines.append(f"| {g.name} | {g.threshold} | {_f(g.value)} | {met} | {g.detail} |")
+    if not brief:
+        same, total = agreement(result)
+        if result.options.temperature == 0 and total:
+            lines += ["", f"Greedy outputs identical to ar's: {same} of {total} runs (batched and one-token "
+                          "kernels can differ on near-ties; see FIELD_NOTES)."]
+        if result.peer.errors:
+            lines += ["", "llama.cpp peer errors:", ""] + [f"- {e}" for e in result.peer.errors[:10]]
+        if result.notes:
+            lines += ["", "Notes:", ""] + [f"- {n}" for n in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- plot
+
+def plot_png(result: BenchResult, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.summary
+    settings = [s.name for s in result.settings]
+    cats = [ALL] + [c for c in CATEGORIES if any(r.category == c for r in rows)]
+    fig, axes = plt.subplots(2, len(settings), figsize=(6.5 * len(settings), 8), squeeze=False)
+    for j, s in enumerate(settings):
+        modes = [m for m in dict.fromkeys(r.mode for r in rows if r.setting == s and r.mode != "ar")]
+        ax = axes[0][j]
+        width = 0.8 / max(len(modes), 1)
+        x = np.arange(len(cats))
+        for i, mode in enumerate(modes):
+            vals = [(_get(rows, s, mode, c).speedup_vs_ar or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
+            ax.bar(x + (i - (len(modes) - 1) / 2) * width, vals, width, label=mode)
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xticks(x, cats, rotation=20)
+        ax.set_ylabel("decode speedup vs ar")
+        ax.set_title(f"{s} ({_threads(result, s)} threads)")
+        ax.legend(fontsize=8, ncol=2)
+        ax = axes[1][j]
+        hit_modes = [m for m in ("ssd", "auto") if m in modes]
+        width = 0.8 / max(len(hit_modes) + 1, 1)
+        for i, mode in enumerate(hit_modes):
+            vals = [(_get(rows, s, mode, c).hit_rate or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
+            ax.bar(x + (i - len(hit_modes) / 2) * width, vals, width, label=f"{mode} hit rate")
+        acc = [(_get(rows, s, "sd", c).acceptance or 0.0) if _get(rows, s, "sd", c) else 0.0 for c in cats]
+        ax.plot(x, acc, "ko-", label="sd acceptance")
+        ax.set_ylim(0, 1.05)
+        ax.set_xticks(x, cats, rotation=20)
+        ax.set_ylabel("rate")
+        ax.set_title(f"{s}: pre-speculation hit rate")
+        ax.legend(fontsize=8)
+    target = next((m.name for m in result.models if m.role == "target"), "")
+    fig.suptitle(f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(result: BenchResult, out: Path, plot: bool = True) -> list[Path]:
+    """bench.json (validated on the way out), bench.md and bench.png in `out`."""
+    data = json.loads(result.model_dump_json())
+    BenchResult.model_validate(data)  # the file we write is one the schema accepts
+    paths = [out / "bench.json", out / "bench.md"]
+    paths[0].write_text(json.dumps(data, indent=1))
+    paths[1].write_text(markdown(result))
+    if plot and result.summary:
+        paths.append(plot_png(result, out / "bench.png"))
+    return paths

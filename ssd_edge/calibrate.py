@@ -1,0 +1,327 @@
+"""`ssd-edge calibrate`: measure this device, save a profile for mode `auto`.
+
+What is measured, on the loaded pair (each a median of `reps` runs):
+  1. step costs: one llama_decode of n = 1 .. k_max + 1 tokens, for the target
+     (a verify of k = n - 1 drafted tokens) and the draft (a step, or a batch of
+     branches), at each thread count worth trying (1, half the cores, all);
+  2. the thread-split effect: for each (target threads, draft threads) split, how
+     much each model slows down while the other decodes at the same time (SSD
+     runs them at once; on shared cores they also fight for the cores);
+  3. acceptance on a short probe (a code and a prose chat prompt, greedy): the
+     draft model's alpha from an `sd` run, the n-gram drafter's from replaying it
+     over the same tokens, the SSD hit rate from an `ssd` run.
+The profile goes to the user cache (ssd_edge.paths.profiles_dir()), one file per
+(device, model pair); profile.py holds the model that turns it into choices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import statistics
+import threading
+import time
+from typing import Callable
+
+from . import profile as prof
+from .autopilot import NgramShadow, _Geometric
+from .config import EngineConfig
+from .drafters import NgramDrafter
+from .engine import Engine
+from .errors import ConfigError, SSDEdgeError
+from .events import FinishEvent
+
+log = logging.getLogger(__name__)
+
+PROBE = [
+    [{"role": "user", "content": "Write a Python function that parses a CSV file into a list of dicts, "
+                                 "with type hints and a docstring."}],
+    [{"role": "user", "content": "Explain in a short paragraph why the sky looks blue during the day "
+                                 "and red at sunset."}],
+]
+PREFIX_TOKENS = 64  # cost is measured after this much context, like a short prompt
+
+Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
+
+
+def thread_options(cores: int) -> list[int]:
+    """Thread counts worth measuring: one, half the cores, all but one, all."""
+    return sorted({1, max(1, cores // 2), max(1, cores - 1), cores})
+
+
+# ---------------------------------------------------------------- timing
+
+def _decode_ms(ctx, n: int, reps: int, seq: int = 0) -> float:
+    """Median ms of decoding n tokens (all rows of logits) after PREFIX_TOKENS of context."""
+    times = []
+    for _ in range(reps):
+        tokens = [(17 * i + 11) % 1000 + 100 for i in range(n)]
+        t0 = time.perf_counter()
+        ctx.decode(tokens, range(PREFIX_TOKENS, PREFIX_TOKENS + n), [seq] * n, list(range(n)))
+        times.append((time.perf_counter() - t0) * 1e3)
+        ctx.seq_rm(seq, PREFIX_TOKENS, -1)
+    return statistics.median(times)
+
+
+def _prefix(ctx) -> None:
+    ctx.clear()
+    tokens = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
+    ctx.decode(tokens, range(PREFIX_TOKENS), [0] * PREFIX_TOKENS, [PREFIX_TOKENS - 1])
+
+
+def _overlap(target_ctx, draft_ctx, n_verify: int, seconds: float) -> tuple[float, float]:
+    """Mean ms of a verify of n_verify tokens and of one draft step while the other runs concurrently."""
+    stop = threading.Event()
+    draft_times: list[float] = []
+
+    def draft_loop() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            draft_ctx.decode([123], [PREFIX_TOKENS], [0], [0])
+            draft_times.append((time.perf_counter() - t0) * 1e3)
+            draft_ctx.seq_rm(0, PREFIX_TOKENS, -1)
+
+    worker = threading.Thread(target=draft_loop, name="calibrate-draft", daemon=True)
+    target_times: list[float] = []
+    worker.start()
+    try:
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end or len(target_times) < 2:
+            target_times.append(_decode_ms(target_ctx, n_verify, 1))
+    finally:
+        stop.set()
+        worker.join()
+    return statistics.median(target_times), statistics.median(draft_times[1:] or draft_times)
+
+
+# ---------------------------------------------------------------- the run
+
+def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int = 48, overlap_s: float = 1.5,
+            progress: Progress | None = None) -> prof.Profile:
+    """Measure `engine`'s pair on this device (its contexts; their thread counts are restored)."""
+    if engine.draft_ctx is None or engine.draft is None:
+        raise ConfigError("calibration needs a draft model (-md): auto chooses between draft-model modes")
+    t_start = time.perf_counter()
+    device = prof.device_info()
+    opts = thread_options(device.cores)
+    splits = [(t, d) for t in opts for d in opts]
+    steps = 2 * len(opts) + len(splits) + 2 * len(PROBE)
+    done = 0
+    tick = progress or (lambda what, frac: None)
+    saved = (engine.target_ctx.threads, engine.draft_ctx.threads)
+    try:
+        engine.target_kv.truncate(0)
+        engine.draft_kv.truncate(0)
+        _prefix(engine.target_ctx)
+        _prefix(engine.draft_ctx)
+        target_ms: dict[int, list[float]] = {}
+        draft_ms: dict[int, list[float]] = {}
+        for name, ctx, table in (("target", engine.target_ctx, target_ms), ("draft", engine.draft_ctx, draft_ms)):
+            for t in opts:
+                tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", done / steps)
+                ctx.set_threads(t)
+                _decode_ms(ctx, 1, 1)  # warm-up: first decodes at a new thread count are slower
+                table[t] = [_decode_ms(ctx, n, reps) for n in range(1, k_max + 2)]
+                done += 1
+        costs = []
+        for t, d in splits:
+            tick(f"running both at once, {t}+{d} threads", done / steps)
+            engine.target_ctx.set_threads(t)
+            engine.draft_ctx.set_threads(d)
+            n_verify = min(5, k_max + 1)
+            v_ms, d_ms = _overlap(engine.target_ctx, engine.draft_ctx, n_verify, overlap_s)
+            costs.append(prof.ThreadCosts(
+                target_threads=t, draft_threads=d, target_ms=target_ms[t], draft_ms=draft_ms[d],
+                target_overlap=max(0.5, v_ms / target_ms[t][n_verify - 1]),
+                draft_overlap=max(0.5, d_ms / draft_ms[d][0])))
+            done += 1
+        engine.target_ctx.clear()
+        engine.draft_ctx.clear()
+        engine.target_kv.tokens.clear()
+        engine.draft_kv.tokens.clear()
+        acceptance = _probe(engine, max(opts), probe_tokens, lambda what: tick(what, (done + 0.5) / steps))
+    finally:
+        engine.target_ctx.set_threads(saved[0])
+        engine.draft_ctx.set_threads(saved[1])
+    tick("done", 1.0)
+    return prof.Profile(
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
+        target=prof.ModelId.of(engine.target.path), draft=prof.ModelId.of(engine.draft.path), k_max=k_max,
+        costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start)
+
+
+def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None]) -> prof.Acceptance:
+    """Greedy acceptance on the probe prompts: sd for alpha (and the n-gram replay), ssd for the hit rate."""
+    k = 4
+    cfg = engine.config
+    engine.target_ctx.set_threads(threads)
+    engine.draft_ctx.set_threads(threads)
+    draft = _Geometric(0.0, 0.0)   # trials: accepted draft tokens, and rounds ended by a rejection
+    ngram = _Geometric(0.0, 0.0)
+    asked = proposed = lookups = hits = 0
+    sampling = cfg.sampling.model_copy(update=dict(temperature=0.0, seed=0))
+    old_k = cfg.spec.k
+    engine.configure(k=k)
+    try:
+        for i, messages in enumerate(PROBE):
+            tick(f"acceptance probe {i + 1}/{len(PROBE)} (sd)")
+            prompt = engine.prompt_tokens(messages=messages)
+            history = list(prompt)
+            shadow = NgramShadow(NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max), k)
+            for ev in engine.generate(tokens=prompt, max_tokens=tokens, mode="sd", sampling=sampling):
+                if isinstance(ev, FinishEvent):
+                    break
+                asked += 1
+                proposed += shadow.ask(history)
+                history.extend(ev.tokens)
+                draft.add_round(ev.round.drafted, ev.round.accepted)
+                ngram.add(*shadow.settle(history))
+            # ssd at the concurrent split this device would use: half the cores each
+            tick(f"acceptance probe {i + 1}/{len(PROBE)} (ssd)")
+            engine.target_ctx.set_threads(max(1, threads // 2))
+            engine.draft_ctx.set_threads(max(1, threads // 2))
+            stats = engine.complete(tokens=prompt, max_tokens=tokens, mode="ssd", sampling=sampling).stats
+            engine.target_ctx.set_threads(threads)
+            engine.draft_ctx.set_threads(threads)
+            lookups += stats["prespec"]["lookups"]
+            hits += stats["prespec"]["hits"]
+    finally:
+        engine.configure(k=old_k)
+    return prof.Acceptance(alpha=draft.value if draft.successes + draft.failures else 0.5,
+                           ngram_alpha=ngram.value if ngram.successes + ngram.failures else 0.0,
+                           ngram_proposal_rate=proposed / asked if asked else 0.0,
+                           hit_rate=hits / lookups if lookups else 0.5)
+
+
+def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progress | None = None,
+                   **kwargs) -> tuple[prof.Profile, bool]:
+    """The saved profile of the engine's pair on this device, measured and saved if missing.
+    Returns (profile, measured_now) and sets engine.profile."""
+    existing = None if recalibrate else prof.load(engine.target.path, engine.draft.path if engine.draft else None)
+    if existing is not None:
+        engine.profile = existing
+        return existing, False
+    p = measure(engine, progress=progress, **kwargs)
+    prof.save(p)
+    engine.profile = p
+    return p, True
+
+
+# ---------------------------------------------------------------- CLI
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="ssd-edge calibrate",
+        description="Measure this device for a (target, draft) pair: step costs per thread count, the slowdown "
+                    "of running both models at once, and acceptance on a short probe. Saves a profile that "
+                    "mode 'auto' uses to pick mode, draft length k, thread split and pre-speculation window.")
+    ap.add_argument("-m", "--model", default=None, help="target model: catalog name or .gguf path "
+                                                        "(default: the catalog's default target)")
+    ap.add_argument("-md", "--model-draft", default=None, help="draft model: catalog name or .gguf path "
+                                                                "(default: the catalog's default draft)")
+    ap.add_argument("--models-dir", default=None, help="folder of model files (default: the user cache)")
+    ap.add_argument("--k-max", type=int, default=8, help="longest draft length to measure (default 8)")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per measurement; the median is kept (default 3)")
+    ap.add_argument("--probe-tokens", type=int, default=48, help="tokens per acceptance probe generation (default 48)")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and a shorter probe (about half the time)")
+    ap.add_argument("--show", action="store_true", help="print the saved profile and what auto picks; measure nothing")
+    ap.add_argument("--json", action="store_true", help="print the profile as JSON")
+    ap.add_argument("-v", "--verbose", action="store_true", help="let llama.cpp print its logs")
+    return ap
+
+
+def _default_pair(args: argparse.Namespace) -> tuple[str, str]:
+    from .catalog import load_catalog
+
+    if args.model and args.model_draft:
+        return args.model, args.model_draft
+    cat = load_catalog()
+    return args.model or cat.default_target, args.model_draft or cat.default_draft
+
+
+def _print(p: prof.Profile, path, console) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]{p.target.name}[/] + draft [bold]{p.draft.name if p.draft else '-'}[/] on "
+                  f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s")
+    console.print(f"profile: {path}")
+    t = Table(title="ms per llama_decode of n tokens (alone) and slowdown when both run at once")
+    t.add_column("threads t+d")
+    for n in (1, 2, 3, 5, p.k_max + 1):
+        t.add_column(f"target n={n}", justify="right")
+    t.add_column("draft n=1", justify="right")
+    t.add_column("slowdown target / draft", justify="right")
+    for c in p.costs:
+        t.add_row(f"{c.target_threads}+{c.draft_threads}", *[f"{c.target_ms[n - 1]:.0f}" for n in (1, 2, 3, 5, p.k_max + 1)],
+                  f"{c.draft_ms[0]:.0f}", f"{c.target_overlap:.2f} / {c.draft_overlap:.2f}")
+    console.print(t)
+    a = p.acceptance
+    console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
+                  f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")
+    t = Table(title="what auto picks (expected decode tokens/s with the probe's acceptance)")
+    for col in ("setting", "mode", "k", "threads t+d", "window", "expected tok/s", "best sd", "ar"):
+        t.add_column(col)
+    base = dict(target=dict(path=p.target.name), draft=dict(path=p.draft.name) if p.draft else None, mode="auto")
+    cores = p.device.cores
+    for label, t_thr, d_thr in (("separate cores", max(1, cores // 2), max(1, cores // 2)),
+                                ("shared cores", cores, cores)):
+        cfg = EngineConfig.build(**{**base, "target": {"path": p.target.name, "threads": t_thr},
+                                    "draft": {"path": p.draft.name, "threads": d_thr} if p.draft else None})
+        ch = p.choose(cfg)
+        rates = p.rates(cfg)
+        sd = max((c for c in rates if c.mode == "sd"), key=lambda c: c.expected_tokens_per_s, default=None)
+        ar = max(c.expected_tokens_per_s for c in rates if c.mode == "ar")
+        t.add_row(label, ch.mode, str(ch.k), f"{ch.target_threads}+{ch.draft_threads}", str(ch.window),
+                  f"{ch.expected_tokens_per_s:.1f}", f"{sd.expected_tokens_per_s:.1f} (k={sd.k})" if sd else "-",
+                  f"{ar:.1f}")
+    console.print(t)
+
+
+def cli_main(argv: list[str]) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+
+    from .catalog import resolve_model
+
+    args = _parser().parse_args(argv)
+    console = Console(stderr=True)
+    out = Console()
+    try:
+        if args.k_max < 1 or args.k_max > 16:
+            raise ConfigError("--k-max must be between 1 and 16")
+        if args.reps < 1:
+            raise ConfigError("--reps must be at least 1")
+        target, draft = _default_pair(args)
+        target_path = resolve_model(target, args.models_dir)
+        draft_path = resolve_model(draft, args.models_dir)
+        if args.show:
+            p = prof.load(target_path, draft_path)
+            if p is None:
+                console.print(f"no profile for {target_path.name} + {draft_path.name} on this device; "
+                              "run ssd-edge calibrate")
+                return 1
+            out.print_json(p.model_dump_json()) if args.json else _print(p, prof.profile_path(p.device, p.target, p.draft), out)
+            return 0
+        cores = prof.device_info().cores
+        engine = Engine(EngineConfig.build(target=dict(path=str(target_path), threads=cores),
+                                           draft=dict(path=str(draft_path), threads=cores),
+                                           n_ctx=1024, mode="sd", verbose=args.verbose))
+        try:
+            with Bar(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                     transient=True) as bar:
+                task = bar.add_task("loading", total=1.0)
+                p = measure(engine, k_max=args.k_max, reps=1 if args.quick else args.reps,
+                            probe_tokens=24 if args.quick else args.probe_tokens, overlap_s=0.8 if args.quick else 1.5,
+                            progress=lambda what, frac: bar.update(task, description=what, completed=frac))
+        finally:
+            engine.close()
+        path = prof.save(p)
+        out.print_json(p.model_dump_json()) if args.json else _print(p, path, out)
+        return 0
+    except SSDEdgeError as e:
+        console.print(f"[red]error:[/] {e}")
+        return e.exit_code
+    except KeyboardInterrupt:
+        console.print("calibration interrupted; no profile saved")
+        return 130

@@ -1,0 +1,256 @@
+"""The benchmark's inputs and outputs: the shipped prompt suite, the summary
+arithmetic, the goals, the llama.cpp peer's output parser, and bench.json
+against its pydantic schema (from fake runs here; from a tiny real run on the
+small pair in the `real` group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from ssd_edge import bench, bench_peer, bench_report
+from ssd_edge.bench import BenchResult, PeerRecord, RunRecord
+from ssd_edge.errors import ConfigError
+
+
+# ---------------------------------------------------------------- the prompt suite
+
+def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
+    prompts = bench.load_prompts()
+    assert len(prompts) >= 20
+    assert len({p.id for p in prompts}) == len(prompts)
+    cats = {p.category for p in prompts}
+    assert cats == set(bench.CATEGORIES)
+    sizes = [sum(len(m["content"]) for m in p.messages) for p in prompts]
+    assert max(sizes) > 4 * min(sizes)       # varied lengths
+    for p in prompts:
+        assert p.messages[-1]["role"] == "user"
+    # code-edit prompts hand over the code that the answer repeats
+    assert all("```" in p.messages[-1]["content"] for p in prompts if p.category == "code-edit")
+
+
+def test_quick_picks_one_prompt_per_category():
+    quick = bench.quick_prompts(bench.load_prompts())
+    assert [p.category for p in quick] == list(bench.CATEGORIES)
+
+
+def test_a_broken_prompt_file_is_a_one_line_config_error(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"id": "a", "category": "code", "messages": [{"role": "user", "content": "x"}]}\n{"id": 3}\n')
+    with pytest.raises(ConfigError, match="line 2"):
+        bench.load_prompts(f)
+    with pytest.raises(ConfigError, match="cannot read"):
+        bench.load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_hardware_settings_on_two_cores():
+    s = bench.hardware_settings(2)
+    assert (s["separate"].target_threads, s["separate"].draft_threads) == (1, 1)
+    assert (s["shared"].target_threads, s["shared"].draft_threads) == (2, 2)
+
+
+# ---------------------------------------------------------------- summary arithmetic on fake runs
+
+def run(setting="shared", mode="ar", prompt="p1", category="code", tokens=33, decode_s=4.0, **kw) -> RunRecord:
+    base = dict(setting=setting, mode=mode, prompt_id=prompt, category=category, rep=0, seed=0, prompt_tokens=20,
+                tokens=tokens, stop_reason="length", wall_s=decode_s + 0.5, ttft_s=0.5, decode_s=decode_s,
+                tokens_per_s=(tokens - 1) / decode_s, latencies_ms=[100.0, 120.0, 300.0], drafted=0, accepted=0,
+                spec_rounds=0, rounds=tokens, lookups=0, hits=0, partial_hits=0, draft_busy_s=0.0,
+                target_busy_s=decode_s, peak_rss_mib=900.0, modes_run={mode: tokens}, output_sha="abc")
+    base.update(kw)
+    return RunRecord(**base)
+
+
+def fake_runs() -> list[RunRecord]:
+    out = []
+    for setting in ("separate", "shared"):
+        for prompt, cat in (("p1", "code"), ("p2", "prose")):
+            out.append(run(setting, "ar", prompt, cat, decode_s=8.0))                       # 4 tok/s
+            out.append(run(setting, "sd", prompt, cat, decode_s=5.0, drafted=40, accepted=30, spec_rounds=10))
+            out.append(run(setting, "lookup", prompt, cat, decode_s=7.0, drafted=10, accepted=2, spec_rounds=5))
+            out.append(run(setting, "ssd", prompt, cat, decode_s=4.0 if cat == "code" else 6.0, drafted=40,
+                           accepted=30, spec_rounds=10, lookups=10, hits=7, draft_busy_s=3.0,
+                           output_sha="abc" if cat == "code" else "def"))
+            out.append(run(setting, "auto", prompt, cat, decode_s=4.1 if cat == "code" else 5.0, drafted=40,
+                           accepted=30, spec_rounds=10, lookups=4, hits=3, modes_run={"ssd": 8, "sd": 2}))
+    return out
+
+
+def fake_peer() -> list[PeerRecord]:
+    return [PeerRecord(setting="shared", prompt_id=p, category=c, k=k, rep=0, prompt_tokens=20, tokens=32,
+                       decode_s=6.4 if k == 4 else 8.0, tokens_per_s=5.0, drafted=40, accepted=28)
+            for p, c in (("p1", "code"), ("p2", "prose")) for k in (3, 4)]
+
+
+def test_summary_is_ratio_of_sums_and_speedups_are_within_the_setting():
+    rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
+    get = {(r.setting, r.mode, r.category): r for r in rows}
+    ar = get[("shared", "ar", "code")]
+    assert ar.tokens_per_s == pytest.approx(32 / 8.0)
+    assert ar.speedup_vs_ar == pytest.approx(1.0) and ar.k == 0
+    sd = get[("shared", "sd", "all")]
+    assert sd.tokens_per_s == pytest.approx(64 / 10.0)
+    assert sd.speedup_vs_ar == pytest.approx((64 / 10.0) / (64 / 16.0))
+    assert sd.acceptance == pytest.approx(0.75) and sd.mean_accepted_len == pytest.approx(3.0)
+    assert get[("shared", "ssd", "code")].hit_rate == pytest.approx(0.7)
+    assert get[("shared", "auto", "all")].k is None
+    assert ar.latency_p50_ms == pytest.approx(120.0)
+    peer = get[("shared", "llama.cpp k=4", "code")]
+    assert peer.tokens_per_s == pytest.approx(32 / 6.4) and peer.speedup_vs_ar == pytest.approx(5.0 / 4.0)
+    assert peer.acceptance == pytest.approx(0.7)
+
+
+def test_goals_compare_the_right_rows():
+    rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
+    goals = {g.name: g for g in bench_report.goals(rows, bench.BENCH_MODES)}
+    g = goals["shared cores: best mode vs ar on code"]
+    assert g.value == pytest.approx(8.0 / 4.0) and g.met                    # ssd 8 tok/s vs ar 4
+    g = goals["shared cores: best mode vs llama.cpp speculative (best k) on code"]
+    assert g.value == pytest.approx(8.0 / 5.0) and g.met
+    g = goals["separate cores: ssd vs sd (all prompts)"]
+    assert g.value == pytest.approx((64 / 10.0) / (64 / 10.0)) and g.met is False
+    g = goals["shared: auto vs the best fixed mode, every category"]
+    assert g.value == pytest.approx(4.0 / 4.1) and g.met                    # code: auto 32/4.1 vs ssd 32/4
+    g = goals["shared: auto vs ar, every category"]
+    assert g.value > 1 and g.met
+
+
+# ---------------------------------------------------------------- the JSON schema
+
+def fake_result(tmp_path: Path) -> BenchResult:
+    runs, peer = fake_runs(), fake_peer()
+    rows = bench_report.summarize(runs, peer, k=4)
+    machine = bench.MachineInfo(hostname="h", os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
+                                python="3.11", llama_system_info="AVX2 = 1", load_avg_start=(0.1, 0.2, 0.3),
+                                load_avg_end=(0.4, 0.5, 0.6))
+    settings = list(bench.hardware_settings(2).values())
+    return BenchResult(
+        created="2026-01-01T00:00:00+00:00", command=["ssd-edge", "bench"], duration_s=1.0, machine=machine,
+        libraries=bench.library_versions(),
+        models=[bench.ModelInfo(role="target", name="t.gguf", path="/t.gguf", size=1),
+                bench.ModelInfo(role="draft", name="d.gguf", path="/d.gguf", size=1)],
+        options=bench.BenchOptions(modes=list(bench.BENCH_MODES), settings=["separate", "shared"], k=4, max_tokens=33,
+                                   reps=1, seed=0, temperature=0.0, n_ctx=2048, quick=False, peer_k=[3, 4],
+                                   categories=["code", "prose"]),
+        settings=settings, engine_configs={}, prompts=bench.quick_prompts(bench.load_prompts())[:2], profile=None,
+        runs=runs, peer=bench.PeerInfo(available=True, binary="/x", version="b1", note="n", runs=peer),
+        summary=rows, goals=bench_report.goals(rows, bench.BENCH_MODES), notes=["a note"])
+
+
+def test_written_json_validates_against_the_schema_and_md_and_png_exist(tmp_path):
+    result = fake_result(tmp_path)
+    paths = bench_report.write(result, tmp_path, plot=True)
+    assert [p.name for p in paths] == ["bench.json", "bench.md", "bench.png"]
+    back = BenchResult.model_validate_json((tmp_path / "bench.json").read_text())
+    assert back.summary == result.summary and back.runs == result.runs
+    md = (tmp_path / "bench.md").read_text()
+    assert "| shared | ssd | 4 | 2+2 |" in md and "llama.cpp k=4" in md
+    assert "ssd 80% sd 20%" in md                      # what auto ran
+    assert "Greedy outputs identical to ar's: 14 of 16 runs" in md
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_schema_rejects_a_result_with_missing_fields(tmp_path):
+    data = json.loads(fake_result(tmp_path).model_dump_json())
+    del data["machine"]["cores"]
+    with pytest.raises(ValueError):
+        BenchResult.model_validate(data)
+    data = json.loads(fake_result(tmp_path).model_dump_json())
+    data["runs"][0]["tokens_per_s"] = "fast"
+    with pytest.raises(ValueError):
+        BenchResult.model_validate(data)
+
+
+# ---------------------------------------------------------------- the llama.cpp peer
+
+PEER_OUTPUT = """
+main: encoded   41 tokens in    0.512 seconds, speed:   80.078 t/s
+main: decoded  128 tokens in   11.213 seconds, speed:   11.415 t/s
+
+main: n_draft   = 4
+main: n_predict = 128
+main: n_drafted = 120
+main: n_accept  = 97
+main: accept    = 80.833%
+"""
+
+
+def test_peer_output_parser_reads_its_timing_lines():
+    r = bench_peer.parse_output(PEER_OUTPUT)
+    assert (r.tokens, r.decode_s, r.tokens_per_s) == (128, 11.213, 11.415)
+    assert (r.prompt_tokens, r.drafted, r.accepted) == (41, 120, 97)
+    with pytest.raises(ValueError):
+        bench_peer.parse_output("llama_model_load: error")
+
+
+def test_peer_command_uses_the_renamed_flags_and_the_same_settings(tmp_path):
+    cmd = bench_peer.command(Path("/b/llama-speculative-simple"), Path("/t.gguf"), Path("/d.gguf"),
+                             tmp_path / "p.txt", k=4, target_threads=1, draft_threads=1, max_tokens=64,
+                             temperature=0.0, seed=3, n_ctx=2048)
+    joined = " ".join(cmd)
+    for part in ("--spec-type draft-simple", "--spec-draft-n-max 4", "-t 1", "-td 1", "-n 64", "--temp 0.0",
+                 "--seed 3", "-md /d.gguf"):
+        assert part in joined
+
+
+def test_peer_binary_is_found_in_a_tools_folder_or_reported_missing(tmp_path):
+    assert bench_peer.find_binary(tmp_path) is None
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / bench_peer.BINARY
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    assert bench_peer.find_binary(tmp_path) == exe
+
+
+def test_peer_runs_a_binary_and_reports_its_failure(tmp_path):
+    exe = tmp_path / bench_peer.BINARY
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{PEER_OUTPUT}\nEOF\n")
+    exe.chmod(0o755)
+    r = bench_peer.run(exe, Path("/t"), Path("/d"), "hello", k=4, target_threads=2, draft_threads=2, max_tokens=8,
+                       temperature=0.0, seed=0, n_ctx=512)
+    assert r.tokens_per_s == 11.415
+    exe.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 1\n")
+    with pytest.raises(RuntimeError, match="failed to load model"):
+        bench_peer.run(exe, Path("/t"), Path("/d"), "hello", k=4, target_threads=2, draft_threads=2, max_tokens=8,
+                       temperature=0.0, seed=0, n_ctx=512)
+
+
+# ---------------------------------------------------------------- CLI
+
+def test_cli_rejects_bad_values_with_a_one_line_error(capsys):
+    assert bench.cli_main(["--max-tokens", "0"]) == 2
+    assert "max-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench.cli_main(["--modes", "ar,fast"])
+    assert e.value.code == 2
+
+
+def test_help_is_truthful_about_outputs(capsys):
+    with pytest.raises(SystemExit):
+        bench.cli_main(["--help"])
+    out = capsys.readouterr().out
+    for word in ("bench.json", "--quick", "--llama-tools", "--temp", "separate", "shared"):
+        assert word in out
+
+
+@pytest.mark.real
+def test_tiny_real_bench_on_the_small_pair_writes_valid_json(small_pair, tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))  # no profile: auto without calibration
+    target, draft = small_pair
+    code = bench.cli_main(["-m", str(target), "-md", str(draft), "--quick", "--modes", "ar,sd,ssd,auto",
+                           "--settings", "shared", "-n", "8", "--no-peer", "--no-calibrate", "--no-plot",
+                           "-o", str(tmp_path / "out")])
+    assert code == 0
+    result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
+    assert {r.mode for r in result.runs if r.rep >= 0} == {"ar", "sd", "ssd", "auto"}
+    assert len(result.runs) == 4 * len(bench.CATEGORIES)
+    assert all(r.tokens >= 1 for r in result.runs)
+    assert result.peer.available is False and "not available" in result.peer.note
+    ar = {r.prompt_id: r.output_sha for r in result.runs if r.mode == "ar"}
+    same = sum(r.output_sha == ar[r.prompt_id] for r in result.runs if r.mode != "ar")
+    assert same >= len(result.runs) - len(ar) - 2   # greedy: identical but for rare near-ties
