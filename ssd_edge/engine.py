@@ -217,6 +217,8 @@ class Engine:
         self.draft, self.draft_ctx = draft, draft_ctx
         self.draft_kv = KVSeq(draft_ctx, 0) if draft_ctx is not None else None
         self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
+        # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring
+        self.draft_cell_bytes = draft.info().kv_bytes_per_cell if hasattr(draft, "info") else 0
         self._lock = threading.Lock()
         self._worker: PrespecWorker | None = None
         self.profile = None  # a calibration profile (profile.Profile), for mode auto; loaded on first use
@@ -349,6 +351,7 @@ class Engine:
                       cfg.prespec.budget_cells if mode == "ssd" or pilot is not None else 0)
         meter.state = mode
         meter.n_prompt = len(prompt)
+        meter.cell_bytes = self.draft_cell_bytes
         target_rng, draft_rng = (np.random.default_rng(x) for x in np.random.SeedSequence(s.seed).spawn(2))
         text = _Text(self.target, stop)
         history = list(prompt)

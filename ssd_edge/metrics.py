@@ -51,6 +51,7 @@ class Meter:
         self.branch_cells = 0
         self.branch_cells_peak = 0
         self.budget_cells = budget_cells
+        self.cell_bytes = 0  # draft KV bytes per cell, when known
         self.state = mode
 
     # ------------------------------------------------------------ recording
@@ -148,6 +149,8 @@ class Meter:
                 "waste": 1 - self.used_tokens / self.prepared_tokens if self.prepared_tokens else None,
                 "branch_cells_peak": self.branch_cells_peak,
                 "budget_cells": self.budget_cells,
+                "branch_bytes_peak": self.branch_cells_peak * self.cell_bytes,
+                "budget_bytes": self.budget_cells * self.cell_bytes,
             },
             "speculators": dict(self.speculators),
         }
