@@ -244,7 +244,7 @@ async def test_quit_during_generation_cancels_and_joins(chats):
         await send(pilot, app, "long answer", finish=False)
         await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
         await pilot.press("ctrl+q")
-    assert app.cancel.is_set() and not app.workers_["generate"].is_running
+    assert app.cancel.is_set() and not app.jobs["generate"].is_running
     assert make.engine.closed
     saved = json.loads(next(chats.glob("*.json")).read_text())
     assert saved["messages"][1]["content"] and saved["messages"][1]["note"].startswith("stopped")

@@ -90,7 +90,7 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
         self.reply_view: MessageView | None = None
         self.pending: dict[str, Any] = {}  # settings asked for during a reply, applied after it
         self.fallback: EngineConfig | None = None  # the config to go back to if a model switch fails
-        self.workers_: dict[str, Worker] = {}
+        self.jobs: dict[str, Worker] = {}  # the latest worker of each kind: load, pull, generate
         self.pull_cancel = threading.Event()
         self._last_render = 0.0
         self._render_timer: Any = None
@@ -171,7 +171,7 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
         self.cancel = threading.Event()
         self.outbox = Outbox(lambda: self.post_message(StreamWake()))
         body = partial(run_generation, self.engine, messages, self.max_tokens, self.cancel, self.outbox)
-        self.workers_["generate"] = self.run_worker(body, thread=True, group="generate", exit_on_error=False)
+        self.jobs["generate"] = self.run_worker(body, thread=True, group="generate", exit_on_error=False)
 
     def show_chat_title(self) -> None:
         title = self.chat.title or "New chat"
@@ -230,7 +230,7 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
         """Stop what runs (cancel the reply, stop a pull), wait for the workers, save, close the engine."""
         self.cancel.set()
         self.pull_cancel.set()
-        for name, worker in self.workers_.items():
+        for name, worker in self.jobs.items():
             if worker.is_running:
                 self.set_status(f"Quitting: waiting for the {name} worker to stop…")
                 with contextlib.suppress(Exception):

@@ -38,7 +38,7 @@ class EngineHost:
                 old_engine.close()
             load_engine(self.engine_factory, config, self.models_dir, self.post_message)
 
-        self.workers_["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
+        self.jobs["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
 
     def _tick(self: "SSDEdgeApp") -> None:
         if self.phase == "loading":
@@ -83,7 +83,7 @@ class EngineHost:
         bar.display = True
         self.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
         body = partial(pull_models, models, self.models_dir, self.pull, self.pull_cancel, self.post_message)
-        self.workers_["pull"] = self.run_worker(body, thread=True, group="pull", exit_on_error=False)
+        self.jobs["pull"] = self.run_worker(body, thread=True, group="pull", exit_on_error=False)
 
     def on_pull_progress(self: "SSDEdgeApp", msg: PullProgress) -> None:
         self.query_one("#progress", ProgressBar).update(total=msg.total, progress=msg.done)

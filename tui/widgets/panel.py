@@ -70,11 +70,13 @@ def ms(x: float | None) -> str:
 
 
 def describe_model(info: Any, threads: int) -> str:
-    """Size and device, e.g. '0.49B params · 0.47 GB · CPU · 1 thr' (llama.cpp's own
-    description rounds sizes into classes, calling a 0.5B model '1B')."""
+    """Quantization, file size and device, e.g. 'Q4_K - Medium · 0.49 GB · CPU · 1 thr'.
+    (llama.cpp's description starts with a size class that can mislead: it calls a 0.5B model '1B'.)"""
+    parts = info.description.split(" ", 2)
+    quant = parts[2] if len(parts) == 3 else info.description
     gpu = getattr(info, "gpu_layers", 0)
     where = f"GPU {gpu}/{info.n_layer + 1} layers" if gpu else "CPU"
-    return f"{info.n_params / 1e9:.2f}B params · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
+    return f"{quant} · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
 
 
 class LivePanel(VerticalScroll):
