@@ -120,9 +120,9 @@ def test_outcome_probabilities_sum_to_one_and_follow_acceptance():
 # ---------------------------------------------------------------- the engine on a fake backend
 
 def fake_engine(mode: str = "ssd", *, disagree_every: int = 5, k: int = 4, draft_delay=0.0, target_delay=0.0,
-                **prespec) -> tuple[Engine, FakeContext]:
+                ngram_min: int = 2, **prespec) -> tuple[Engine, FakeContext]:
     cfg = EngineConfig.build(target=dict(path="fake-target"), draft=dict(path="fake-draft"), n_ctx=512, mode=mode,
-                             spec=dict(k=k), prespec=dict(prespec))
+                             spec=dict(k=k, ngram_min=ngram_min), prespec=dict(prespec))
     target = FakeModel("target")
     draft = FakeModel("draft", disagree_every=disagree_every)
     draft_ctx = FakeContext(draft, n_ctx=1024, n_seq_max=cfg.prespec.fanout_max + 1, decode_delay=draft_delay)
@@ -219,8 +219,9 @@ def test_miss_streak_switches_to_backup_and_rollback_restores_sd():
 
 
 def test_backup_speculator_serves_rounds_on_a_repetitive_history():
+    # (the fake target's text repeats little; unigram matches give the n-gram drafter proposals)
     eng, _ = fake_engine(disagree_every=-1, budget_cells=8, backup_after_misses=1, rollback_after_misses=100,
-                         target_delay=0.005, draft_delay=0.01)
+                         target_delay=0.005, draft_delay=0.01, ngram_min=1)
     prompt = [1, 2, 3, 4] * 6
     out = eng.complete(tokens=prompt, max_tokens=40, mode="ssd")
     assert out.tokens == eng.complete(tokens=prompt, max_tokens=40, mode="ar").tokens
