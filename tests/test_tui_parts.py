@@ -113,6 +113,8 @@ def test_finish_note_names_unusual_stops():
     stats = {"tokens": 5, "tokens_per_s": 2.0, "mode": "sd", "acceptance_rate": 0.5}
     assert finish_note("eos", stats, None) == "5 tokens · 2.0 tok/s · sd · acceptance 50%"
     assert finish_note("cancelled", stats, None).startswith("stopped · 5 tokens")
+    one_round = {"tokens": 2, "rounds": 1, "tokens_per_s": 1925.0, "end_to_end_tokens_per_s": 4.0, "mode": "sd"}
+    assert finish_note("eos", one_round, None) == "2 tokens · 4.0 tok/s · sd"  # not the engine's 1925 tok/s
     assert finish_note("context", {}, "the context of 64 tokens is full") == \
         "context full · the context of 64 tokens is full"
 

@@ -69,8 +69,17 @@ class LiveModel:
 
     def average_rate(self) -> float | None:
         if self.final is not None:
-            return self.final.get("tokens_per_s")
+            return reply_rate(self.final)
         return self.live.tokens_per_s if self.live else None
+
+
+def reply_rate(stats: dict[str, Any]) -> float | None:
+    """The reply's decode speed. The engine's figure leaves out the first token and
+    the time to it; when a whole reply came in one round that leaves ~no time and
+    an absurd rate, so fall back to the end-to-end rate."""
+    if stats.get("rounds", 2) < 2:
+        return stats.get("end_to_end_tokens_per_s")
+    return stats.get("tokens_per_s")
 
 
 STOP_WORDS = {"cancelled": "stopped", "length": "max tokens", "context": "context full", "error": "error"}
@@ -82,7 +91,7 @@ def finish_note(stop_reason: str, stats: dict[str, Any], message: str | None) ->
     if message and stop_reason != "cancelled":
         parts.append(message)
     if stats.get("tokens"):
-        parts.append(f"{stats['tokens']} tokens · {stats.get('tokens_per_s', 0.0):.1f} tok/s · {stats.get('mode', '?')}")
+        parts.append(f"{stats['tokens']} tokens · {reply_rate(stats) or 0.0:.1f} tok/s · {stats.get('mode', '?')}")
     if stats.get("acceptance_rate") is not None:
         parts.append(f"acceptance {100 * stats['acceptance_rate']:.0f}%")
     hit = (stats.get("prespec") or {}).get("hit_rate")
