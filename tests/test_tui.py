@@ -296,3 +296,20 @@ async def test_help_lists_every_key_and_chats_can_be_deleted(chats):
         await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
         await pilot.press("delete")
         assert not list(chats.glob("*.json")) and app.chat.messages == []  # the open chat was the one deleted
+
+
+async def test_switching_to_a_missing_model_can_go_back(tmp_path):
+    def make(cfg, models_dir):
+        if cfg.target.path == "gemma3-270m":
+            raise ModelNotFoundError("model 'gemma3-270m' is not downloaded yet")
+        return FakeEngine(cfg)
+
+    app = make_app(make, models_dir=str(tmp_path / "no-models"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        app.switch_models("gemma3-270m", None)
+        await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen))
+        assert [m.name for m in app.screen.models] == ["gemma3-270m"]
+        await pilot.press("escape")  # back, not quit: the previous models load again
+        await wait_for(pilot, lambda: app.phase == "ready")
+        assert app.is_running and app.config.target.path == "fake-target.gguf"

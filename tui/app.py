@@ -207,10 +207,12 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
 
     def render_stream(self, finished: bool = False) -> None:
         """One redraw of the streaming reply and the panel, then a save."""
-        self._render_timer = None
+        if self._render_timer is not None:  # a redraw was due: this is it (a late one would revive the cursor)
+            self._render_timer.stop()
+            self._render_timer = None
         self._last_render = time.monotonic()
         if self.reply_view is not None:
-            self.reply_view.streaming = not finished
+            self.reply_view.streaming = not finished and self.phase == "generating"
             self.reply_view.refresh_message()
             self.query_one(ChatView).follow()
         panel = self.query_one(LivePanel)

@@ -59,7 +59,8 @@ class EngineHost:
         self.query_one(LivePanel).show_models(None, self.config, "not loaded")
         if msg.missing:
             self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
-            self.push_screen(MissingModelsScreen(msg.missing, msg.error), partial(self._missing_choice, msg.missing))
+            self.push_screen(MissingModelsScreen(msg.missing, msg.error, self.fallback is not None),
+                             partial(self._missing_choice, msg.missing))
         elif self.fallback is not None:
             self.notify(msg.error, title="Could not load the models; back to the previous ones", severity="error",
                         timeout=10)
@@ -73,6 +74,9 @@ class EngineHost:
             self.start_pull(models)
         elif choice == "pick":
             self.action_pick_models()
+        elif choice == "back" and self.fallback is not None:
+            config, self.fallback = self.fallback, None
+            self.start_load(config)
         else:
             self.exit(return_code=self.exit_code)
 
@@ -96,7 +100,8 @@ class EngineHost:
             self.phase = "failed"
             error = msg.error or "the pull ended but models are still missing"
             self.set_status(error, error=True)
-            self.push_screen(MissingModelsScreen(missing, error), partial(self._missing_choice, missing))
+            self.push_screen(MissingModelsScreen(missing, error, self.fallback is not None),
+                             partial(self._missing_choice, missing))
         else:
             self.start_load(self.config)
 

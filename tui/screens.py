@@ -99,14 +99,19 @@ class ChatsScreen(ModalScreen):
 
 
 class MissingModelsScreen(ModalScreen):
-    """Dismisses with "pull", "pick" or "quit"."""
+    """Dismisses with "pull", "pick", and "back" (to the models loaded before a
+    switch, when there are some) or "quit"."""
 
-    BINDINGS = [Binding("escape", "dismiss('quit')", "Quit")]
+    BINDINGS = [Binding("escape", "leave", "Back / quit")]
 
-    def __init__(self, models: list[CatalogModel], error: str) -> None:
+    def __init__(self, models: list[CatalogModel], error: str, can_go_back: bool = False) -> None:
         super().__init__()
         self.models = models
         self.error = error
+        self.leave = "back" if can_go_back else "quit"
+
+    def action_leave(self) -> None:
+        self.dismiss(self.leave)
 
     def compose(self) -> ComposeResult:
         total = sum(m.size for m in self.models) / 1e9
@@ -121,8 +126,10 @@ class MissingModelsScreen(ModalScreen):
         with Vertical(classes="dialog wide"):
             yield Label("Models are missing", classes="title")
             yield Static(lines, id="missing")
+            leave = Button("Back to the previous models", id="back") if self.leave == "back" else \
+                Button("Quit", variant="error", id="quit")
             yield Horizontal(Button("Pull now", variant="primary", id="pull"), Button("Pick other models", id="pick"),
-                             Button("Quit", variant="error", id="quit"), classes="buttons")
+                             leave, classes="buttons")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         self.dismiss(event.button.id)
