@@ -4,6 +4,7 @@ offline, no model. Waits poll the app's state; nothing asserts on timing."""
 from __future__ import annotations
 
 import json
+import logging
 import threading
 
 import pytest
@@ -313,3 +314,18 @@ async def test_switching_to_a_missing_model_can_go_back(tmp_path):
         await pilot.press("escape")  # back, not quit: the previous models load again
         await wait_for(pilot, lambda: app.phase == "ready")
         assert app.is_running and app.config.target.path == "fake-target.gguf"
+
+
+async def test_engine_warnings_become_notifications():
+    def warn(cfg, models_dir):
+        logging.getLogger("ssd_edge.backend").warning("GPU offload asked for x.gguf, but this build has no GPU")
+        return FakeEngine(cfg)
+
+    app = make_app(warn)
+    shown = []
+    app.notify = lambda message, **kw: shown.append((message, kw.get("severity")))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        await wait_for(pilot, lambda: shown)
+    assert shown == [("GPU offload asked for x.gguf, but this build has no GPU", "warning")]
+    assert app._notices not in logging.getLogger("ssd_edge").handlers  # removed when the app ends

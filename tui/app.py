@@ -35,7 +35,7 @@ from .controls import Controls
 from .engine_host import EngineHost
 from .live import LiveModel, finish_note
 from .loader import EngineFactory
-from .messages import StreamWake
+from .messages import LogNotice, NoticeHandler, StreamWake
 from .stream import Chunk, Failure, Outbox, run_generation
 from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
 from .widgets.panel import LivePanel
@@ -115,7 +115,15 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
         self.query_one(LivePanel).show_live(self.live)
         self.query_one("#prompt").focus()
         self.set_interval(1.0, self._tick)
+        self._notices = NoticeHandler(self.post_message)
+        logging.getLogger("ssd_edge").addHandler(self._notices)
         self.start_load(self.config)
+
+    def on_unmount(self) -> None:
+        logging.getLogger("ssd_edge").removeHandler(self._notices)
+
+    def on_log_notice(self, msg: LogNotice) -> None:
+        self.notify(msg.text, severity="error" if msg.error else "warning", timeout=8)
 
     def set_status(self, text: str, error: bool = False) -> None:
         status = self.query_one("#status", Static)

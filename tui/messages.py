@@ -3,7 +3,8 @@ else; the handlers run on the UI thread, the only thread that touches widgets.""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Callable
 
 from textual.message import Message
 
@@ -41,3 +42,27 @@ class PullFinished(Message):
     def __init__(self, error: str | None) -> None:
         super().__init__()
         self.error = error
+
+
+class LogNotice(Message):
+    """A warning or error that the engine logged (from any thread), shown as a notification."""
+
+    def __init__(self, text: str, error: bool) -> None:
+        super().__init__()
+        self.text = text
+        self.error = error
+
+
+class NoticeHandler(logging.Handler):
+    """Forwards ssd_edge's warnings to the app; the terminal belongs to the app, so
+    the engine's log lines would otherwise go unseen (they also go to the log file)."""
+
+    def __init__(self, post: Callable[[Message], Any]) -> None:
+        super().__init__(logging.WARNING)
+        self.post = post
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.post(LogNotice(record.getMessage(), record.levelno >= logging.ERROR))
+        except Exception:  # a closing app: nothing to show it on
+            self.handleError(record)
