@@ -35,7 +35,8 @@ class Meter:
     def __init__(self, mode: str, k: int, budget_cells: int = 0) -> None:
         self.mode = mode
         self.t0 = time.perf_counter()
-        self.t_first: float | None = None
+        self.t_first: float | None = None  # when the first round's tokens were verified
+        self.first_round_tokens = 0
         self.n_prompt = 0
         self.tokens = 0
         self.rounds: list[Round] = []
@@ -62,6 +63,8 @@ class Meter:
     def record(self, r: Round, emitted: int) -> None:
         self.rounds.append(r)
         self.tokens += emitted
+        if len(self.rounds) == 1:
+            self.first_round_tokens = emitted
         self.speculators[r.speculator] += 1
         if r.prespec:
             self.prespec[r.prespec] += 1
@@ -103,7 +106,7 @@ class Meter:
     def summary(self) -> dict[str, Any]:
         wall = self.elapsed()
         ttft = (self.t_first - self.t0) if self.t_first else None
-        decode_time = wall - ttft if ttft is not None else wall
+        decode_time = wall - ttft if ttft is not None else 0.0
         drafted = int(self.drafted_at.sum())
         spec_rounds = [r for r in self.rounds if r.drafted]
         lookups = sum(self.prespec.values())
@@ -117,7 +120,10 @@ class Meter:
             "wall_s": wall,
             "ttft_s": ttft,
             # decode speed excludes the prompt and first token: tokens after the first over the time after it
-            "tokens_per_s": (self.tokens - 1) / decode_time if self.tokens > 1 and decode_time > 0 else 0.0,
+            # decode speed: the tokens after the first round over the time after it (the first round
+            # carries the prompt); a reply that ends in its first round has only the end-to-end rate
+            "tokens_per_s": ((self.tokens - self.first_round_tokens) / decode_time
+                             if self.tokens > self.first_round_tokens and decode_time > 0 else self.tokens / wall),
             "end_to_end_tokens_per_s": self.tokens / wall,
             "drafted": drafted,
             "accepted": int(self.accepted_at.sum()),
