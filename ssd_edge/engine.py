@@ -217,6 +217,7 @@ class Engine:
         self.draft, self.draft_ctx = draft, draft_ctx
         self.draft_kv = KVSeq(draft_ctx, 0) if draft_ctx is not None else None
         self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
+        self.budget_cells_max = config.prespec.budget_cells  # the draft context was sized for this many
         # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring
         self.draft_cell_bytes = draft.info().kv_bytes_per_cell if hasattr(draft, "info") else 0
         self._lock = threading.Lock()
@@ -246,7 +247,7 @@ class Engine:
             raise ConfigError("n_ctx is fixed when the engine loads")
         if self.draft is not None and new.prespec.fanout_max + 1 > self.n_draft_seqs:
             raise ConfigError(f"fanout_max is at most {self.n_draft_seqs - 1} for the loaded draft context")
-        if self.draft is not None and new.prespec.budget_cells > self.config.prespec.budget_cells:
+        if self.draft is not None and new.prespec.budget_cells > self.budget_cells_max:
             raise ConfigError("budget_cells cannot grow past the value the engine loaded with")
         self.config = new
         return new

@@ -322,3 +322,17 @@ def test_cancel_before_the_start(small_engine):
     cancel.set()
     toks, fin = events(small_engine, prompt=COUNTING, max_tokens=50, mode="sd", cancel=cancel)
     assert toks == [] and fin.stop_reason == "cancelled" and fin.tokens == () and fin.text == ""
+
+
+@pytest.mark.real
+def test_configure_budget_down_and_back_up(small_engine):
+    """The draft context is sized for the budget loaded with: lowering it and raising it back is fine."""
+    loaded = small_engine.config.prespec.budget_cells
+    try:
+        small_engine.configure(budget_cells=4)
+        assert small_engine.config.prespec.budget_cells == 4
+        small_engine.configure(budget_cells=loaded)
+        with pytest.raises(ConfigError, match="cannot grow"):
+            small_engine.configure(budget_cells=loaded + 1)
+    finally:
+        small_engine.configure(budget_cells=loaded)
