@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import logging
+import os
 import statistics
 import threading
 import time
@@ -103,6 +104,7 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
     if engine.draft_ctx is None or engine.draft is None:
         raise ConfigError("calibration needs a draft model (-md): auto chooses between draft-model modes")
     t_start = time.perf_counter()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     device = prof.device_info()
     opts = thread_options(device.cores)
     splits = [(t, d) for t in opts for d in opts]
@@ -148,7 +150,7 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
     return prof.Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
         target=prof.ModelId.of(engine.target.path), draft=prof.ModelId.of(engine.draft.path), k_max=k_max,
-        costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start)
+        costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load)
 
 
 def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None]) -> prof.Acceptance:
@@ -246,26 +248,30 @@ def _print(p: prof.Profile, path, console) -> None:
     console.print(f"[bold]{p.target.name}[/] + draft [bold]{p.draft.name if p.draft else '-'}[/] on "
                   f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s")
     console.print(f"profile: {path}")
-    t = Table(title="ms per llama_decode of n tokens (alone) and slowdown when both run at once")
-    t.add_column("threads t+d")
-    for n in (1, 2, 3, 5, p.k_max + 1):
-        t.add_column(f"target n={n}", justify="right")
-    t.add_column("draft n=1", justify="right")
-    t.add_column("slowdown target / draft", justify="right")
+    cols = [n for n in (1, 2, 3, 5, p.k_max + 1) if n <= p.k_max + 1]
+    t = Table(title="ms per llama_decode of n tokens, each model alone; slowdown x when both decode at once")
+    t.add_column("t+d")
+    for n in cols:
+        t.add_column(f"T n={n}", justify="right")
+    t.add_column("D n=1", justify="right")
+    t.add_column("T x", justify="right")
+    t.add_column("D x", justify="right")
     for c in p.costs:
-        t.add_row(f"{c.target_threads}+{c.draft_threads}", *[f"{c.target_ms[n - 1]:.0f}" for n in (1, 2, 3, 5, p.k_max + 1)],
-                  f"{c.draft_ms[0]:.0f}", f"{c.target_overlap:.2f} / {c.draft_overlap:.2f}")
+        t.add_row(f"{c.target_threads}+{c.draft_threads}", *[f"{c.target_ms[n - 1]:.0f}" for n in cols],
+                  f"{c.draft_ms[0]:.0f}", f"{c.target_overlap:.2f}", f"{c.draft_overlap:.2f}")
     console.print(t)
+    if p.load_avg is not None and p.load_avg > 0.5 * p.device.cores:
+        console.print(f"[yellow]note:[/] the load average was {p.load_avg:.2f} on {p.device.cores} cores while this "
+                      "was measured: other work was running; calibrate again on a quiet machine")
     a = p.acceptance
     console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
                   f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")
-    t = Table(title="what auto picks (expected decode tokens/s with the probe's acceptance)")
-    for col in ("setting", "mode", "k", "threads t+d", "window", "expected tok/s", "best sd", "ar"):
+    t = Table(title="what auto starts with (expected decode tokens/s at the probe's acceptance)")
+    for col in ("setting", "mode", "k", "t+d", "window", "tok/s", "best sd", "ar"):
         t.add_column(col)
     base = dict(target=dict(path=p.target.name), draft=dict(path=p.draft.name) if p.draft else None, mode="auto")
     cores = p.device.cores
-    for label, t_thr, d_thr in (("separate cores", max(1, cores // 2), max(1, cores // 2)),
-                                ("shared cores", cores, cores)):
+    for label, t_thr, d_thr in (("separate", max(1, cores // 2), max(1, cores // 2)), ("shared", cores, cores)):
         cfg = EngineConfig.build(**{**base, "target": {"path": p.target.name, "threads": t_thr},
                                     "draft": {"path": p.draft.name, "threads": d_thr} if p.draft else None})
         ch = p.choose(cfg)

@@ -206,6 +206,7 @@ class Profile(BaseModel):
     costs: list[ThreadCosts]
     acceptance: Acceptance
     calibration_s: float = 0.0
+    load_avg: float | None = Field(default=None, description="1-minute load average when calibration began")
 
     # ------------------------------------------------------------ decisions
     def rates(self, config: EngineConfig, live: Acceptance | None = None) -> list[Choice]:
