@@ -359,7 +359,7 @@ def _tui(flags: dict[str, Any]) -> None:
             if e.name not in ("tui", "tui.app"):
                 raise
             raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
-        code = run_app(cfg, s.models_dir)
+        code = run_app(cfg, str(s.models_dir))
     raise typer.Exit(code if isinstance(code, int) else 0)
 
 

@@ -279,7 +279,7 @@ def test_tui_gets_the_config_and_models_dir(monkeypatch, tmp_path):
     code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"])
     assert code == 0
     cfg, models_dir = calls[0]
-    assert (cfg.target.path, cfg.mode, cfg.target.threads, models_dir) == ("smollm2-135m", "ar", 2, tmp_path)
+    assert (cfg.target.path, cfg.mode, cfg.target.threads, models_dir) == ("smollm2-135m", "ar", 2, str(tmp_path))
     monkeypatch.setenv("SSD_EDGE_MODE", "lookup")
     code, _, _ = run([])  # no command: the TUI, with settings from the environment
     assert code == 0 and calls[1][0].mode == "lookup"
