@@ -34,17 +34,15 @@ from typing import Annotated, Any, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
-from rich.table import Table
 
 try:  # typer >= 0.22 vendors click
     from typer._click.exceptions import ClickException
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from . import catalog, settings
+from . import catalog, downloads, settings
 from .config import EngineConfig
-from .errors import ConfigError, FetchError, SSDEdgeError
+from .errors import ConfigError, SSDEdgeError
 from .events import FinishEvent, TokenEvent
 from .settings import OPTIONS, Settings
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
@@ -75,7 +73,7 @@ models_app = typer.Typer(help="List and fetch the catalog's models.", epilog=EPI
                          rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(models_app, name="models")
 
-ENGINE_OPTIONS = [name for name in OPTIONS]
+ENGINE_OPTIONS = list(OPTIONS)
 FILE_OPTIONS = ["models_dir", "config", "debug"]
 
 
@@ -400,24 +398,7 @@ def models_list(*, flags: dict[str, Any]) -> None:
     """Catalog models: name, role, size, whether a verified copy is here, and its file."""
     with reported(flags):
         s = settings.resolve(flags)
-        cat = catalog.load_catalog()
-        table = Table(title=f"models in {s.models_dir}", title_justify="left", title_style="")
-        for col in ("name", "role", "size", "present", "file"):
-            table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
-        for m in cat.models:
-            path = catalog.model_path(m, s.models_dir)
-            role = m.role + (" (default)" if m.name in (cat.default_target, cat.default_draft) else "")
-            table.add_row(m.name, role, f"{m.size / 1e6:,.0f} MB", _presence(m, path), m.file)
-        Console(highlight=False).print(table)
-
-
-def _presence(m: catalog.CatalogModel, path: Path) -> str:
-    if not path.exists():
-        return "[dim]no[/]"
-    size = path.stat().st_size
-    if size != m.size:
-        return f"[red]wrong size ({size:,} of {m.size:,} bytes)[/]"
-    return "[green]yes[/]" if catalog.is_verified(m, path) else "[red]checksum mismatch[/]"
+        Console(highlight=False).print(downloads.models_table(catalog.load_catalog(), s.models_dir))
 
 
 @models_app.command("pull")
@@ -436,71 +417,16 @@ def models_pull(
         s = settings.resolve(flags)
         cat = catalog.load_catalog()
         wanted = [cat.get(n) for n in (names or [cat.default_target, cat.default_draft])]  # unknown names fail first
+        out, err = Console(highlight=False, soft_wrap=True), _stderr()
         try:
-            with _pull_lock(s.models_dir):
+            with downloads.pull_lock(s.models_dir, err):
                 for model in wanted:
-                    _pull_one(model, s.models_dir, verify)
+                    downloads.pull_one(model, s.models_dir, verify, out, err)
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated)
-            _stderr().print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] the partial download was "
-                            "removed; pull again to start over")
+            err.print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] the partial download was removed; "
+                      "pull again to start over")
             raise typer.Exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED) from None
-
-
-@contextmanager
-def _pull_lock(models_dir: Path) -> Iterator[None]:
-    """One pull per models folder at a time; the holder may delete partial files other pulls left when killed."""
-    try:
-        models_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise FetchError(f"cannot create the models folder {models_dir}: {e.strerror}") from None
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: no lock, and no sweeping of partial files
-        yield
-        return
-    with open(models_dir / ".pull.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _stderr().print(f"waiting for another pull into {models_dir} to finish…")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        swept = catalog.remove_stale_partials(models_dir)
-        if swept:
-            _stderr().print(f"removed {swept} partial file(s) left by an earlier pull that was killed")
-        yield
-
-
-def _pull_one(model: catalog.CatalogModel, models_dir: Path, verify: bool) -> None:
-    out, err = Console(highlight=False, soft_wrap=True), _stderr()
-    path = catalog.model_path(model, models_dir)
-    if path.exists():
-        check = "checking the sha256 of" if verify else "checking"
-        with err.status(f"{check} {path.name} ({model.size / 1e6:,.0f} MB)…"):
-            ok = catalog.is_verified(model, path, full=verify)
-        if ok:
-            out.print(f"[green]✓[/] {model.name} is already here, verified: {path}")
-            return
-        err.print(f"[yellow]{model.name}: the file here does not match the catalog; fetching it again[/]")
-    if not err.is_terminal:  # a log, not a screen: one line per part instead of a redrawn bar
-        done = 0
-
-        def log_part(label: str, nbytes: int) -> None:
-            nonlocal done
-            if nbytes == 0:
-                err.print(f"{label} … {done / 1e6:,.0f} of {model.size / 1e6:,.0f} MB")
-            done += nbytes
-        path, fetched = catalog.pull(model, models_dir, progress=log_part, verify=verify)
-    else:
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn())
-        with Progress(*columns, console=err) as progress:
-            task = progress.add_task(f"{model.name}: starting", total=model.size)
-
-            def on_progress(label: str, nbytes: int) -> None:
-                progress.update(task, description=label, advance=nbytes)
-            path, fetched = catalog.pull(model, models_dir, progress=on_progress, verify=verify)
-    out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here, verified'}: {path}")
 
 
 def run(argv: list[str] | None = None) -> int:

@@ -137,6 +137,13 @@ def test_unreadable_model_file(tmp_path):
     assert code == 3 and "cannot read model file" in one_error(err)
 
 
+@pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux procfs")
+def test_model_file_that_cannot_be_read():
+    """/proc/self/mem is a file that even root cannot read at offset 0 (EIO)."""
+    code, _, err = run(["generate", "hi", "-m", "/proc/self/mem"])
+    assert code == 3 and one_error(err) == "error: cannot read model file /proc/self/mem: Input/output error"
+
+
 def test_unknown_catalog_name():
     code, _, err = run(["generate", "hi", "-m", "llama-9000"])
     assert code == 3

@@ -1,0 +1,96 @@
+"""`ssd-edge models` on a terminal: the table of catalog models, and pulls with
+a progress bar in bytes (one line per part when stderr is a log, not a screen).
+
+The fetching itself is catalog.pull; this module adds what a person at a
+terminal needs around it: one pull per models folder at a time (a lock), the
+sweeping of partial files that a killed pull left, and a line per result.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+from rich.table import Table
+
+from . import catalog
+from .errors import FetchError
+
+
+def presence(m: catalog.CatalogModel, path: Path) -> str:
+    """Whether a verified copy of `m` is at `path` (hashes it once if it has no stamp yet)."""
+    if not path.exists():
+        return "[dim]no[/]"
+    size = path.stat().st_size
+    if size != m.size:
+        return f"[red]wrong size ({size:,} of {m.size:,} bytes)[/]"
+    return "[green]yes[/]" if catalog.is_verified(m, path) else "[red]checksum mismatch[/]"
+
+
+def models_table(cat: catalog.Catalog, models_dir: Path) -> Table:
+    table = Table(title=f"models in {models_dir}", title_justify="left", title_style="")
+    for col in ("name", "role", "size", "present", "file"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    for m in cat.models:
+        role = m.role + (" (default)" if m.name in (cat.default_target, cat.default_draft) else "")
+        table.add_row(m.name, role, f"{m.size / 1e6:,.0f} MB", presence(m, catalog.model_path(m, models_dir)), m.file)
+    return table
+
+
+@contextmanager
+def pull_lock(models_dir: Path, err: Console) -> Iterator[None]:
+    """One pull per models folder at a time; the holder may delete partial files other pulls left when killed."""
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FetchError(f"cannot create the models folder {models_dir}: {e.strerror}") from None
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no lock, and no sweeping of partial files
+        yield
+        return
+    with open(models_dir / ".pull.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            err.print(f"waiting for another pull into {models_dir} to finish…")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        swept = catalog.remove_stale_partials(models_dir)
+        if swept:
+            err.print(f"removed {swept} partial file(s) left by an earlier pull that was killed")
+        yield
+
+
+def pull_one(model: catalog.CatalogModel, models_dir: Path, verify: bool, out: Console, err: Console) -> None:
+    """Pull one model (or confirm the copy here), reporting to `out` and showing progress on `err`."""
+    path = catalog.model_path(model, models_dir)
+    if path.exists():
+        check = "checking the sha256 of" if verify else "checking"
+        with err.status(f"{check} {path.name} ({model.size / 1e6:,.0f} MB)…"):
+            ok = catalog.is_verified(model, path, full=verify)
+        if ok:
+            out.print(f"[green]✓[/] {model.name} is already here, verified: {path}")
+            return
+        err.print(f"[yellow]{model.name}: the file here does not match the catalog; fetching it again[/]")
+    if not err.is_terminal:  # a log, not a screen: one line per part instead of a redrawn bar
+        done = 0
+
+        def log_part(label: str, nbytes: int) -> None:
+            nonlocal done
+            if nbytes == 0:
+                err.print(f"{label} … {done / 1e6:,.0f} of {model.size / 1e6:,.0f} MB")
+            done += nbytes
+        path, fetched = catalog.pull(model, models_dir, progress=log_part, verify=verify)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, console=err) as progress:
+            task = progress.add_task(f"{model.name}: starting", total=model.size)
+
+            def on_progress(label: str, nbytes: int) -> None:
+                progress.update(task, description=label, advance=nbytes)
+            path, fetched = catalog.pull(model, models_dir, progress=on_progress, verify=verify)
+    out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here, verified'}: {path}")
