@@ -95,7 +95,7 @@ class BenchOptions(BaseModel):
     temperature: float
     n_ctx: int
     quick: bool
-    peer_k: list[int]
+    peer_k: list[int] = Field(description="extra llama.cpp draft lengths, run on the code prompts only")
     categories: list[str]
 
 
@@ -381,8 +381,18 @@ class Bench:
         self.t0 = time.perf_counter()
 
     def units(self) -> int:
-        per_prompt = len(self.args.modes) + (len(self.args.peer_k) if self.peer_bin else 0)
-        return len(self.settings) * (self.args.reps * len(self.prompts) * per_prompt + 1)
+        n = sum(len(self.jobs(p)) for p in self.prompts)
+        return len(self.settings) * (self.args.reps * n + 1)
+
+    def jobs(self, p: BenchPrompt) -> list[str]:
+        """What runs on one prompt: every mode, the llama.cpp peer at -k, and on code prompts its other k."""
+        a = self.args
+        out = list(a.modes)
+        if self.peer_bin is not None:
+            out.append(f"peer:{a.k}")
+            if p.category == "code":
+                out += [f"peer:{k}" for k in a.peer_k if k != a.k]
+        return out
 
     def config(self, s: Setting) -> EngineConfig:
         a = self.args
@@ -414,10 +424,10 @@ class Bench:
                     run_one(engine, s.name, mode, BenchPrompt(id="warmup", category="chat", messages=WARMUP),
                             rep=-1, seed=a.seed, max_tokens=8 if a.quick else 24, temperature=a.temp)
                 tick("")
-                jobs = [m for m in a.modes] + [f"peer:{k}" for k in (a.peer_k if self.peer_bin else [])]
                 for rep in range(a.reps):
                     for i, p in enumerate(self.prompts):
                         seed = a.seed + i
+                        jobs = self.jobs(p)
                         shift = (i + rep) % len(jobs)
                         for job in jobs[shift:] + jobs[:shift]:  # rotated per prompt: drift hits all modes alike
                             tick(f"{s.name}: {job.replace('peer:', 'llama.cpp k=')} · {p.id}")
@@ -520,12 +530,13 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
     ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size (default 2048)")
     ap.add_argument("--quick", action="store_true",
-                    help="one short prompt per category, 24 tokens, peer at -k only: about a minute on the small "
+                    help="one short prompt per category, 24 tokens, no --peer-k sweep: about a minute on the small "
                          "test pair, several minutes on the default pair")
     ap.add_argument("--llama-tools", default=None,
                     help="folder holding llama-speculative-simple (default: ~/.cache/ssd-edge/llama-tools/bin, PATH)")
     ap.add_argument("--peer-k", type=_csv(int), default=None,
-                    help="draft lengths for the llama.cpp peer, comma-separated (default: -k)")
+                    help="more draft lengths for the llama.cpp peer, comma-separated, run on the code prompts only "
+                         "(to find its best k there); it always runs at -k on every prompt")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp's speculative decoding")
     ap.add_argument("--no-calibrate", action="store_true",
                     help="never calibrate; without a saved profile auto falls back to ssd")
@@ -547,7 +558,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.quick:
         args.max_tokens = min(args.max_tokens, 24)
     if args.peer_k is None or args.quick:
-        args.peer_k = [args.k]
+        args.peer_k = []
     if any(not 1 <= k <= 32 for k in args.peer_k):
         raise ConfigError("--peer-k values must be between 1 and 32")
     if "ar" not in args.modes:
