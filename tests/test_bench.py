@@ -255,3 +255,22 @@ def test_tiny_real_bench_on_the_small_pair_writes_valid_json(small_pair, tmp_pat
     ar = {r.prompt_id: r.output_sha for r in result.runs if r.mode == "ar"}
     same = sum(r.output_sha == ar[r.prompt_id] for r in result.runs if r.mode != "ar")
     assert same >= len(result.runs) - len(ar) - 2   # greedy: identical but for rare near-ties
+
+
+def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, capsys):
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"GGUF" + b"\0" * 12)
+    d.write_bytes(b"GGUF" + b"\0" * 8)
+    done = fake_runs()[:3]
+
+    def interrupted_run(self, tick, calibrating):
+        self.records.extend(done)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench.Bench, "run", interrupted_run)
+    code = bench.cli_main(["-m", str(t), "-md", str(d), "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
+    assert code == 130
+    result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
+    assert result.interrupted and result.runs == done
+    assert "INTERRUPTED" in (tmp_path / "out" / "bench.md").read_text()
+    assert "partial results" in capsys.readouterr().err
