@@ -12,9 +12,11 @@ estimates, each blended with the profile's probe value as if that value were
                  so prompt lookup's value is known even while another mode runs
 
 Every `every` rounds, if an estimate moved by more than `drift` from what the
-current choice assumed, the profile's expected-throughput model is asked again;
-the engine switches only when the new choice is expected to be faster by more
-than `hysteresis` (a switch stops or starts the SSD worker).
+current choice assumed, the profile's expected-throughput model is asked again.
+Each candidate is priced over the tokens still to come, plus what switching to
+it costs: a draft model that sat idle (ar, lookup) must first read the history
+it missed. The engine switches only when that saves more than `hysteresis` of
+the time left.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class Autopilot:
     hysteresis: float = 0.05
     rounds: int = 0
     switches: list[tuple[int, str, int]] = field(default_factory=list)  # (round, mode, k)
+    draft_seen: int = 0         # history tokens the draft model has read (it reads none in ar/lookup)
 
     def __post_init__(self) -> None:
         p, w = self.profile.acceptance, self.prior_weight
@@ -144,15 +147,18 @@ class Autopilot:
     def round_start(self, history: Sequence[int]) -> None:
         self.proposal.add(1.0 if self.shadow.ask(history) else 0.0)
 
-    def round_end(self, rnd: Round, history: Sequence[int]) -> Choice | None:
-        """Record a committed round; returns the new Choice when the engine should switch."""
+    def round_end(self, rnd: Round, history: Sequence[int], remaining: int = 256) -> Choice | None:
+        """Record a committed round (`remaining`: tokens the generation may still make);
+        returns the new Choice when the engine should switch."""
+        if self.choice.mode in ("sd", "ssd"):
+            self.draft_seen = len(history)
         if rnd.speculator in ("draft", "prespec"):
             self.alpha.add_round(rnd.drafted, rnd.accepted)
         if rnd.prespec is not None:
             self.hit.add(1.0 if rnd.prespec == "hit" else 0.0)
         self.ngram.add(*self.shadow.settle(history))
         self.rounds += 1
-        return self._decide() if self.rounds % self.every == 0 else None
+        return self._decide(len(history), remaining) if self.rounds % self.every == 0 else None
 
     def report(self) -> dict:
         """For the FinishEvent's stats: what ran, what it assumed, and when it switched."""
@@ -162,16 +168,25 @@ class Autopilot:
                 "live": self.live().model_dump(), "switches": [list(x) for x in self.switches]}
 
     # ------------------------------------------------------------ decision
-    def _decide(self) -> Choice | None:
+    def _decide(self, history_len: int, remaining: int) -> Choice | None:
         live, old = self.live(), self.choice.assumed
         moved = max(abs(live.alpha - old.alpha), abs(live.hit_rate - old.hit_rate),
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
-        if moved <= self.drift:
+        if moved <= self.drift or remaining < 2:
             return None
+        costs = {c.split: c for c in self.profile.costs}
+
+        def time_left_ms(c: Choice) -> float:
+            """Expected ms to finish with plan c: the remaining tokens, plus the draft's catch-up."""
+            t = remaining * 1000.0 / c.expected_tokens_per_s
+            if c.mode in ("sd", "ssd"):
+                t += costs[(c.target_threads, c.draft_threads)].catch_up_ms(max(0, history_len - self.draft_seen))
+            return t
+
         rates = self.profile.rates(self.config, live)
-        best = self.profile.choose(self.config, live)
-        now = next((c.expected_tokens_per_s for c in rates if _same_plan(c, self.choice)), 0.0)
-        if best.expected_tokens_per_s <= now * (1 + self.hysteresis):
+        best = min(rates, key=time_left_ms)
+        now = next((c for c in rates if _same_plan(c, self.choice)), None)
+        if now is None or _same_plan(best, now) or time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis):
             self.choice = self.choice.model_copy(update=dict(assumed=live))  # same plan, fresh assumptions
             return None
         self.choice = best

@@ -65,10 +65,13 @@ def _decode_ms(ctx, n: int, reps: int, seq: int = 0) -> float:
     return statistics.median(times)
 
 
-def _prefix(ctx) -> None:
+def _prefix(ctx) -> float:
+    """Fill the context with PREFIX_TOKENS of prompt; returns ms per token of that prefill."""
     ctx.clear()
     tokens = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
+    t0 = time.perf_counter()
     ctx.decode(tokens, range(PREFIX_TOKENS), [0] * PREFIX_TOKENS, [PREFIX_TOKENS - 1])
+    return (time.perf_counter() - t0) * 1e3 / PREFIX_TOKENS
 
 
 def _overlap(target_ctx, draft_ctx, n_verify: int, seconds: float) -> tuple[float, float]:
@@ -119,12 +122,15 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
         _prefix(engine.draft_ctx)
         target_ms: dict[int, list[float]] = {}
         draft_ms: dict[int, list[float]] = {}
+        draft_prefill: dict[int, float] = {}
         for name, ctx, table in (("target", engine.target_ctx, target_ms), ("draft", engine.draft_ctx, draft_ms)):
             for t in opts:
                 tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", done / steps)
                 ctx.set_threads(t)
                 _decode_ms(ctx, 1, 1)  # warm-up: first decodes at a new thread count are slower
                 table[t] = [_decode_ms(ctx, n, reps) for n in range(1, k_max + 2)]
+                if name == "draft":
+                    draft_prefill[t] = min(_prefix(ctx) for _ in range(max(1, reps - 1)))
                 done += 1
         costs = []
         for t, d in splits:
@@ -136,7 +142,7 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
             costs.append(prof.ThreadCosts(
                 target_threads=t, draft_threads=d, target_ms=target_ms[t], draft_ms=draft_ms[d],
                 target_overlap=max(0.5, v_ms / target_ms[t][n_verify - 1]),
-                draft_overlap=max(0.5, d_ms / draft_ms[d][0])))
+                draft_overlap=max(0.5, d_ms / draft_ms[d][0]), draft_prefill_ms=draft_prefill[d]))
             done += 1
         engine.target_ctx.clear()
         engine.draft_ctx.clear()

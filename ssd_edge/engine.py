@@ -408,7 +408,8 @@ class Engine:
                             (t_verify - t_round) * 1e3)
                 strategy.observe(prop, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1))
                 meter.record(rnd, len(new))
-                if pilot is not None and pilot.round_end(rnd, history) is not None and reason is None:
+                if pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None \
+                        and reason is None:
                     self._end_strategy(strategy)
                     cfg, mode = pilot.run_config, pilot.choice.mode
                     k_max = cfg.spec.k if mode != "ar" else 0

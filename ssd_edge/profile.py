@@ -159,6 +159,12 @@ class ThreadCosts(BaseModel):
     draft_ms: list[float] = Field(description="draft_ms[i]: one decode of i + 1 tokens (a step, or a batch of branches)")
     target_overlap: float = Field(ge=0.5, description="target decode time while the draft decodes concurrently / alone")
     draft_overlap: float = Field(ge=0.5, description="draft decode time while the target decodes concurrently / alone")
+    draft_prefill_ms: float | None = Field(default=None, description="draft ms per token of a 64-token prompt batch")
+
+    def catch_up_ms(self, tokens: int) -> float:
+        """What it costs the draft to read `tokens` of history it has not seen (switching into sd/ssd)."""
+        per_token = self.draft_prefill_ms or self.draft_ms[-1] / len(self.draft_ms)
+        return tokens * per_token
 
     @property
     def split(self) -> tuple[int, int]:

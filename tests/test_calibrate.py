@@ -213,6 +213,25 @@ def test_autopilot_switches_to_lookup_when_the_answer_repeats_the_prompt():
     assert pilot.live().ngram_alpha > 0.8 and pilot.live().ngram_proposal_rate > 0.5
 
 
+def _lookup_start_then_ngrams_dry_up(history_len: int, remaining: int) -> Autopilot:
+    p = fake_profile(alpha=0.95, hit=0.9, ngram_alpha=0.97, proposal=0.97)
+    pilot = Autopilot.start(p, config(1, 1))
+    assert pilot.choice.mode == "lookup"
+    history = [10_000 + i for i in range(history_len)]          # nothing repeats: the shadow finds nothing
+    for i in range(60):
+        pilot.round_start(history)
+        history.append(20_000 + i)
+        pilot.round_end(rnd(i, "none", 0, 0, None, mode="lookup"), history, remaining)
+    return pilot
+
+
+def test_autopilot_prices_the_drafts_catch_up_when_switching_into_a_draft_mode():
+    # Many tokens to go after a short history: worth letting the draft read the history, then ssd.
+    assert _lookup_start_then_ngrams_dry_up(history_len=40, remaining=500).choice.mode == "ssd"
+    # A long history and a few tokens left: the draft would spend longer catching up than it saves.
+    assert _lookup_start_then_ngrams_dry_up(history_len=3000, remaining=6).choice.mode in ("ar", "lookup")
+
+
 def test_ngram_shadow_scores_each_proposed_token_as_it_is_decided():
     shadow = NgramShadow(NgramDrafter(1, 3), k=3)
     history = [1, 2, 3, 4, 9, 1, 2]          # "1 2" seen before, followed by 3 4 9
