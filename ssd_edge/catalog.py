@@ -31,7 +31,9 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover
     import tomli as tomllib
 
-CATALOG_FILE = Path(__file__).resolve().parents[1] / "models" / "catalog.toml"
+# models/catalog.toml in the repository; ssd_edge/data/catalog.toml links to it so that
+# the catalog also travels inside a built wheel (setuptools copies the link's target).
+CATALOG_FILE = Path(__file__).parent / "data" / "catalog.toml"
 CHUNK = 8 << 20  # bytes per read when streaming and hashing
 
 

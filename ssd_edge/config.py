@@ -85,6 +85,8 @@ class EngineConfig(_Strict):
     spec: SpecConfig = Field(default_factory=SpecConfig)
     prespec: PrespecConfig = Field(default_factory=PrespecConfig)
     verbose: bool = Field(default=False, description="let llama.cpp print its logs")
+    threads_follow_mode: bool = Field(default=False, description="re-split threads for each generation's mode "
+                                      "(split_threads) instead of the fixed target/draft counts")
 
     @classmethod
     def build(cls, **kwargs) -> "EngineConfig":
@@ -101,3 +103,26 @@ def describe(e: ValidationError) -> str:
         loc = ".".join(str(x) for x in err["loc"]) or "config"
         parts.append(f"{loc}: {err['msg']}")
     return "invalid setting: " + "; ".join(parts)
+
+
+def usable_cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def split_threads(mode: str, has_draft: bool, cores: int, target: int | None = None, draft: int | None = None
+                  ) -> tuple[int, int]:
+    """(target, draft) threads for a mode. In ssd (and auto, which starts as ssd) draft and
+    target decode at the same time, so the cores are split, the target getting the larger
+    share: 2 cores -> 1 + 1, 4 -> 3 + 1, 8 -> 6 + 2. Elsewhere they take turns (sd) or the
+    target runs alone (ar, lookup), so each gets all cores. Given counts are kept."""
+    if mode in ("ssd", "auto") and has_draft:
+        if target is None:
+            d = draft if draft is not None else max(1, cores // 3)
+            return max(1, cores - d), d
+        return target, draft if draft is not None else max(1, cores - target)
+    return (target if target is not None else cores), (draft if draft is not None else cores)

@@ -27,7 +27,7 @@ import numpy as np
 from .autopilot import Autopilot
 from .backend import Context, Model, TextStream, check_same_vocab
 from .catalog import resolve_model
-from .config import EngineConfig, SamplingConfig
+from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, StopReason, TokenEvent
@@ -273,6 +273,14 @@ class Engine:
                          "auto falls back to %s", "ssd" if self.draft is not None else "lookup")
         return self.profile
 
+    def _threads_for(self, mode: str, cfg: EngineConfig) -> EngineConfig:
+        """cfg with the thread split that suits `mode` on this machine (split_threads)."""
+        t, d = split_threads(mode, self.draft is not None, usable_cores())
+        update: dict[str, Any] = {"target": cfg.target.model_copy(update={"threads": t})}
+        if cfg.draft is not None:
+            update["draft"] = cfg.draft.model_copy(update={"threads": d})
+        return cfg.model_copy(update=update)
+
     def _set_threads(self, cfg: EngineConfig) -> None:
         """Give each context the thread count of `cfg` (auto may pick a split other than the config's)."""
         for ctx, m in ((self.target_ctx, cfg.target), (self.draft_ctx, cfg.draft)):
@@ -346,6 +354,8 @@ class Engine:
         pilot = Autopilot.start(self.profile, self.config) if auto and self.profile is not None else None
         cfg = pilot.run_config if pilot is not None else self.config
         mode = cfg.mode if pilot is not None else mode
+        if pilot is None and cfg.threads_follow_mode:
+            cfg = self._threads_for(mode, cfg)
         self._set_threads(cfg)
         k_max = cfg.spec.k if mode != "ar" else 0
         meter = Meter("auto" if pilot is not None else mode, k_max,

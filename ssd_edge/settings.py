@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from . import paths
 from .catalog import load_catalog
-from .config import MODES, EngineConfig
+from .config import MODES, EngineConfig, split_threads, usable_cores
 from .errors import ConfigError
 
 try:  # Python 3.11+
@@ -228,27 +228,6 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> S
 
 # ---------------------------------------------------------------- EngineConfig
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def default_threads(mode: str, has_draft: bool, cores: int, target: int | None, draft: int | None
-                    ) -> tuple[int, int]:
-    """(target, draft) threads. In ssd (and auto, which starts as ssd) draft and target
-    decode at the same time, so the cores are split, the target getting the larger
-    share: 2 cores -> 1 + 1, 4 -> 3 + 1, 8 -> 6 + 2. Elsewhere they take turns (sd) or
-    the target runs alone (ar, lookup), so each gets all cores."""
-    if mode in ("ssd", "auto") and has_draft:
-        if target is None:
-            d = draft if draft is not None else max(1, cores // 3)
-            return max(1, cores - d), d
-        return target, draft if draft is not None else max(1, cores - target)
-    return (target if target is not None else cores), (draft if draft is not None else cores)
-
-
 def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     """The EngineConfig the settings describe; ConfigError names the flag at fault."""
     cat = load_catalog()
@@ -265,7 +244,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     if mode in ("sd", "ssd") and draft is None:
         why = "--no-draft was given" if s["no_draft"] else "no draft model is set"
         raise ConfigError(f"--mode {mode} needs a draft model, and {why}: give -md/--model-draft, or --mode ar/lookup")
-    t, td = default_threads(mode, draft is not None, cores or usable_cores(), s["threads"], s["threads_draft"])
+    t, td = split_threads(mode, draft is not None, cores or usable_cores(), s["threads"], s["threads_draft"])
     seed = s["seed"]
     sampling = {k: v for k, v in (("temperature", s["temp"]), ("top_k", s["top_k"]), ("top_p", s["top_p"]),
                                   ("min_p", s["min_p"])) if v is not None}
@@ -276,7 +255,9 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     raw: dict[str, Any] = dict(
         target=dict(path=target, threads=t, n_gpu_layers=s["n_gpu_layers"] or 0),
         draft=dict(path=draft, threads=td, n_gpu_layers=s["n_gpu_layers_draft"] or 0) if draft else None,
-        mode=mode, sampling=sampling, spec=spec, verbose=bool(s["verbose"]))
+        mode=mode, sampling=sampling, spec=spec, verbose=bool(s["verbose"]),
+        # no -t/-td: each generation re-splits the cores for its own mode (/mode in chat, the TUI)
+        threads_follow_mode=s["threads"] is None and s["threads_draft"] is None)
     if s["ctx_size"] is not None:
         raw["n_ctx"] = s["ctx_size"]
     if s["budget_cells"] is not None:

@@ -106,6 +106,10 @@ class FakeContext:
         self.aborted = 0
         self.batch_sizes: list[int] = []
         self.abort = FakeAbort()
+        self.threads = 1
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = threads
 
     # -- the sequence's tokens, in position order
     def seq_tokens(self, seq: int) -> list[int]:

@@ -10,7 +10,8 @@ import pytest
 from ssd_edge import settings
 from ssd_edge.catalog import load_catalog
 from ssd_edge.errors import ConfigError
-from ssd_edge.settings import default_threads, engine_config, resolve
+from ssd_edge.config import split_threads
+from ssd_edge.settings import engine_config, resolve
 
 
 @pytest.fixture(autouse=True)
@@ -85,7 +86,7 @@ def test_default_models_and_mode():
     ("lookup", 2, (None, 1), (2, 1)),
 ])
 def test_default_threads(mode, cores, given, expected):
-    assert default_threads(mode, True, cores, *given) == expected
+    assert split_threads(mode, True, cores, *given) == expected
 
 
 def test_seed_minus_one_is_random_and_n_predict():

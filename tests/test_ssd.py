@@ -272,3 +272,13 @@ def test_low_priority_branches_are_preempted_when_the_verify_result_arrives():
     assert out.tokens == run(eng, "ar", n=40).tokens
     assert draft_ctx.aborted > 0
     assert out.stats["prespec"]["hits"] > 0
+
+
+def test_threads_follow_the_mode_unless_pinned():
+    eng, _ = fake_engine()
+    eng.config = eng.config.model_copy(update={"threads_follow_mode": True})
+    from ssd_edge.config import split_threads, usable_cores
+    for mode in ("ar", "sd", "ssd"):
+        t, d = split_threads(mode, True, usable_cores())
+        eng.complete(tokens=PROMPT, max_tokens=4, mode=mode)
+        assert (eng.target_ctx.threads, eng.draft_ctx.threads) == (t, d)
