@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -189,7 +190,8 @@ def pull(model: CatalogModel, models_dir: Path | None = None, *, progress: Progr
     if free < model.size * 1.1:
         raise FetchError(f"not enough disk space in {path.parent}: {model.name} needs "
                          f"{model.size / 1e9:.2f} GB, {free / 1e9:.2f} GB free")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{model.file}.", suffix=".partial", dir=path.parent)
+    # the writer's pid is in the name, so remove_stale_partials can tell a live pull from a dead one
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{model.file}.pid{os.getpid()}.", suffix=".partial", dir=path.parent)
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     written = 0
@@ -237,10 +239,26 @@ def pull(model: CatalogModel, models_dir: Path | None = None, *, progress: Progr
 
 
 def remove_stale_partials(models_dir: Path | None = None) -> int:
-    """Delete temporary files left by a pull that was killed (SIGKILL cannot be caught)."""
+    """Delete temporary files left by a pull that was killed (SIGKILL cannot be caught);
+    the files of pulls still running (their pid is alive) are left alone."""
     d = paths.models_dir(models_dir)
     n = 0
     for p in d.glob(".*.partial") if d.exists() else []:
+        m = re.search(r"\.pid(\d+)\.", p.name)
+        if m and _alive(int(m.group(1))):
+            continue
         p.unlink(missing_ok=True)
         n += 1
     return n
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True

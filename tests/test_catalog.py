@@ -294,3 +294,15 @@ def test_resolve_model_errors(tmp_path, arg, pattern):
     with pytest.raises(ModelNotFoundError, match=pattern) as err:
         catalog.resolve_model(arg.format(tmp=tmp_path), tmp_path / "empty-models")
     assert isinstance(err.value, SSDEdgeError) and err.value.exit_code == 3 and "\n" not in str(err.value)
+
+
+def test_remove_stale_partials_spares_a_pull_that_is_still_running(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)  # that process has exited
+    (tmp_path / f".m.gguf.pid{os.getpid()}.x1.partial").write_bytes(b"live")
+    (tmp_path / f".m.gguf.pid{dead_pid}.x2.partial").write_bytes(b"dead")
+    assert catalog.remove_stale_partials(tmp_path) == 1
+    assert leftovers(tmp_path) == [f".m.gguf.pid{os.getpid()}.x1.partial"]
