@@ -113,7 +113,7 @@ class Autopilot:
     profile: Profile
     config: EngineConfig        # the engine's own config: thread caps, k cap, pre-speculation limits
     choice: Choice
-    every: int = 6
+    every: int = 4
     prior_weight: float = 8.0  # trials (per-token) or lookups of evidence that the profile's value counts as
     drift: float = 0.08
     hysteresis: float = 0.05
