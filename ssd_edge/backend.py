@@ -194,9 +194,8 @@ class Model:
     def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
         """Render messages with the GGUF's own chat template (llama.cpp's built-in renderer)."""
         tmpl = ll.llama_model_chat_template(self.ptr, None)
-        if tmpl is None:  # no template in the file: a plain transcript
-            lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-            return "\n".join(lines) + ("\nAssistant:" if add_assistant else "")
+        if tmpl is None:  # no template in the file
+            return _transcript(messages, add_assistant)
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (ll.llama_chat_message * len(keep))(*[ll.llama_chat_message(r, c) for r, c in keep])
         size = sum(len(r) + len(c) for r, c in keep) * 2 + 1024
@@ -206,8 +205,7 @@ class Model:
             buf = ctypes.create_string_buffer(n + 1)
             n = ll.llama_chat_apply_template(tmpl, arr, len(keep), add_assistant, buf, n + 1)
         if n < 0:  # a template llama.cpp's renderer does not know
-            lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-            return "\n".join(lines) + ("\nAssistant:" if add_assistant else "")
+            return _transcript(messages, add_assistant)
         return buf.raw[:n].decode("utf-8", errors="replace")
 
     def close(self) -> None:
@@ -220,6 +218,12 @@ class Model:
             self.close()
         except Exception:
             pass
+
+
+def _transcript(messages: Sequence[dict[str, str]], add_assistant: bool) -> str:
+    """A plain 'Role: text' transcript, for models without a chat template llama.cpp knows."""
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join(lines) + ("\nAssistant:" if add_assistant else "")
 
 
 def check_same_vocab(target: Model, draft: Model) -> None:
