@@ -148,7 +148,8 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
         engine.draft_ctx.clear()
         engine.target_kv.tokens.clear()
         engine.draft_kv.tokens.clear()
-        acceptance = _probe(engine, max(opts), probe_tokens, lambda what: tick(what, (done + 0.5) / steps))
+        probe_steps = iter(range(done, steps))
+        acceptance = _probe(engine, max(opts), probe_tokens, lambda what: tick(what, next(probe_steps, done) / steps))
     finally:
         engine.target_ctx.set_threads(saved[0])
         engine.draft_ctx.set_threads(saved[1])
