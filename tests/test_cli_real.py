@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import testpair
+
 pytestmark = pytest.mark.real
 
 SCRIPT = Path(sys.executable).with_name("ssd-edge")
@@ -42,32 +44,12 @@ def pair_args(pair: tuple[Path, Path]) -> list[str]:
 def swapped_vocab_gguf(src: Path, dst: Path, layers: int = 2) -> Path:
     """`src` cut to `layers` blocks, with token strings 300..399 swapped in pairs: it loads,
     but its vocabulary is not the target's."""
-    import gguf
+    def swap(tokens: list) -> list:
+        for i in range(300, 400, 2):
+            tokens[i], tokens[i + 1] = tokens[i + 1], tokens[i]
+        return tokens
 
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        value = layers if field.name == block_key else field.contents()
-        if field.name == gguf.Keys.Tokenizer.LIST:
-            for i in range(300, 400, 2):
-                value[i], value[i + 1] = value[i + 1], value[i]
-        writer.add_key_value(field.name, value, vtype,
-                             sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    keep = [t for t in reader.tensors if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
-    for t in keep:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in keep:
-        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-    writer.close()
-    return dst
+    return testpair.rewrite_gguf(src, dst, layers, swap)
 
 
 def one_error(stderr: bytes) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 from ssd_edge import catalog, paths
 
@@ -24,12 +25,13 @@ def ensure_target() -> Path:
     return path
 
 
-def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:
-    """Write `src` keeping blocks 0..layers-1 (block_count rewritten); quantized tensors copy as raw bytes."""
+def rewrite_gguf(src: Path, dst: Path, layers: int,
+                 edit_vocab: Callable[[list], list] | None = None) -> Path:
+    """Write `src` to `dst` keeping blocks 0..layers-1 (block_count rewritten) and, with
+    `edit_vocab`, its token list passed through that function. Quantized tensors copy as
+    raw bytes. Written to a temporary name first, so an interrupted run leaves no `dst`."""
     import gguf
 
-    if dst.exists():
-        return dst
     reader = gguf.GGUFReader(src)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
@@ -41,6 +43,8 @@ def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         value = layers if field.name == block_key else field.contents()
+        if edit_vocab is not None and field.name == gguf.Keys.Tokenizer.LIST:
+            value = edit_vocab(value)
         writer.add_key_value(field.name, value, vtype, sub_type=sub)
     keep = [t for t in reader.tensors
             if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
@@ -54,6 +58,11 @@ def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:
     writer.close()
     tmp.replace(dst)
     return dst
+
+
+def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:
+    """`src` with only its first `layers` blocks, written once and cached."""
+    return dst if dst.exists() else rewrite_gguf(src, dst, layers)
 
 
 def ensure_pair(layers: int = DRAFT_LAYERS) -> tuple[Path, Path]:
