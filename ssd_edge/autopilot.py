@@ -16,7 +16,12 @@ current choice assumed, the profile's expected-throughput model is asked again.
 Each candidate is priced over the tokens still to come, plus what switching to
 it costs: a draft model that sat idle (ar, lookup) must first read the history
 it missed. The engine switches only when that saves more than `hysteresis` of
-the time left.
+the time left; `ar` stays preferred unless another plan beats it by AR_MARGIN.
+
+Exploring: when the profile's average acceptance says the draft does not pay
+but it would on predictable text, the generation starts with cheap `sd` (k=2)
+for `every` rounds to measure this prompt's acceptance, then decides (the
+draft has read along, so nothing needs catching up).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Sequence
 from .config import EngineConfig
 from .drafters import NgramDrafter
 from .events import Round
-from .profile import Acceptance, Choice, Profile
+from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, Acceptance, Choice, Profile, pick
 
 
 @dataclass
@@ -120,6 +125,8 @@ class Autopilot:
     rounds: int = 0
     switches: list[tuple[int, str, int]] = field(default_factory=list)  # (round, mode, k)
     draft_seen: int = 0         # history tokens the draft model has read (it reads none in ar/lookup)
+    exploring: bool = False     # the current plan only measures acceptance; decide at the first check
+    explored: bool = False      # this generation began by exploring
 
     def __post_init__(self) -> None:
         p, w = self.profile.acceptance, self.prior_weight
@@ -132,7 +139,16 @@ class Autopilot:
 
     @classmethod
     def start(cls, profile: Profile, config: EngineConfig, **kwargs) -> "Autopilot":
-        return cls(profile, config, profile.choose(config), **kwargs)
+        choice = profile.choose(config)
+        if config.draft is not None and profile.draft is not None and choice.mode not in ("sd", "ssd"):
+            hopeful = profile.acceptance.model_copy(update=dict(alpha=max(profile.acceptance.alpha, OPTIMISTIC_ALPHA)))
+            best = profile.choose(config, hopeful)
+            if best.mode in ("sd", "ssd"):  # the draft pays on predictable text: measure this prompt first
+                sd = [c for c in profile.rates(config) if c.mode == "sd" and c.k == min(2, profile.k_max)
+                      and (c.target_threads, c.draft_threads) == (best.target_threads, best.draft_threads)]
+                if sd:
+                    return cls(profile, config, sd[0], exploring=True, explored=True, **kwargs)
+        return cls(profile, config, choice, **kwargs)
 
     @property
     def run_config(self) -> EngineConfig:
@@ -163,7 +179,7 @@ class Autopilot:
     def report(self) -> dict:
         """For the FinishEvent's stats: what ran, what it assumed, and when it switched."""
         c = self.choice
-        return {"mode": c.mode, "k": c.k, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
+        return {"mode": c.mode, "k": c.k, "explored": self.explored, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
                 "window": c.window, "expected_tokens_per_s": c.expected_tokens_per_s,
                 "live": self.live().model_dump(), "switches": [list(x) for x in self.switches]}
 
@@ -172,8 +188,9 @@ class Autopilot:
         live, old = self.live(), self.choice.assumed
         moved = max(abs(live.alpha - old.alpha), abs(live.hit_rate - old.hit_rate),
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
-        if moved <= self.drift or remaining < 2:
+        if (moved <= self.drift and not self.exploring) or remaining < 2:
             return None
+        exploring, self.exploring = self.exploring, False
         costs = {c.split: c for c in self.profile.costs}
 
         def time_left_ms(c: Choice) -> float:
@@ -184,9 +201,10 @@ class Autopilot:
             return t
 
         rates = self.profile.rates(self.config, live)
-        best = min(rates, key=time_left_ms)
+        best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
-        if now is None or _same_plan(best, now) or time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis):
+        keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis) and not exploring
+        if now is None or _same_plan(best, now) or keep:
             self.choice = self.choice.model_copy(update=dict(assumed=live))  # same plan, fresh assumptions
             return None
         self.choice = best

@@ -167,7 +167,9 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     engine.target_ctx.set_threads(threads)
     engine.draft_ctx.set_threads(threads)
     draft = _Geometric(0.0, 0.0)   # trials: accepted draft tokens, and rounds ended by a rejection
-    ngram = _Geometric(0.0, 0.0)
+    # The probe's answers rarely repeat text, so its n-gram estimate rests on a handful of proposals:
+    # shrink it toward a modest prior (10 trials at 0.3) rather than trust a lucky streak.
+    ngram = _Geometric(0.3, 10.0)
     asked = proposed = lookups = hits = 0
     sampling = cfg.sampling.model_copy(update=dict(temperature=0.0, seed=0))
     old_k = cfg.spec.k
@@ -198,7 +200,7 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     finally:
         engine.configure(k=old_k)
     return prof.Acceptance(alpha=draft.value if draft.successes + draft.failures else 0.5,
-                           ngram_alpha=ngram.value if ngram.successes + ngram.failures else 0.0,
+                           ngram_alpha=ngram.value,
                            ngram_proposal_rate=proposed / asked if asked else 0.0,
                            hit_rate=hits / lookups if lookups else 0.5)
 

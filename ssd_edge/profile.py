@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 
 PROFILE_VERSION = 1
 FIXED_MODES = ("ar", "sd", "lookup", "ssd")
+# Speculation must be expected to beat plain decoding by this much to be chosen: ar is the
+# safe baseline, and an estimate a few percent above it is within the model's error.
+AR_MARGIN = 0.08
+OPTIMISTIC_ALPHA = 0.95  # the draft acceptance on the most predictable text (code), for exploring
 
 
 # ---------------------------------------------------------------- pure maths
@@ -123,6 +127,19 @@ def prespec_window(k: int, draft_ms: list[float], verify_overlap_ms: list[float]
         if cost > shadow:
             break
         best = w
+    return best
+
+
+def pick(cands: list["Choice"], cost, margin: float = AR_MARGIN) -> "Choice":
+    """The candidate of least cost (ties: the simpler mode, the smaller k); an `ar` candidate
+    wins unless another costs less by more than `margin`."""
+    order = {m: i for i, m in enumerate(FIXED_MODES)}
+    best = min(cands, key=lambda c: (round(cost(c), 9), order[c.mode], c.k))
+    plain = [c for c in cands if c.mode == "ar"]
+    if best.mode != "ar" and plain:
+        ar = min(plain, key=cost)
+        if cost(best) * (1 + margin) > cost(ar):
+            return ar
     return best
 
 
@@ -250,13 +267,13 @@ class Profile(BaseModel):
                                                    c.draft_ms[0] * c.draft_overlap))))
         return out
 
-    def choose(self, config: EngineConfig, live: Acceptance | None = None) -> Choice:
-        """The candidate with the highest expected tokens/s (ties: the simpler mode, the smaller k)."""
+    def choose(self, config: EngineConfig, live: Acceptance | None = None, margin: float = AR_MARGIN) -> Choice:
+        """The candidate with the highest expected tokens/s (ties: the simpler mode, the smaller k),
+        unless it beats the best `ar` by less than `margin`: then that `ar`."""
         cands = self.rates(config, live)
         if not cands:
             raise ValueError("the profile has no costs for the configured thread counts")
-        order = {m: i for i, m in enumerate(FIXED_MODES)}
-        return max(cands, key=lambda c: (round(c.expected_tokens_per_s, 6), -order[c.mode], -c.k))
+        return pick(cands, lambda c: 1.0 / c.expected_tokens_per_s, margin)
 
     def matches(self, device: DeviceInfo, target: ModelId, draft: ModelId | None) -> bool:
         return self.version == PROFILE_VERSION and self.device.key == device.key and self.target == target \
