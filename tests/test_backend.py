@@ -10,11 +10,12 @@ one-token top-2 margin exceeds twice that.
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import testpair
 
 from ssd_edge.errors import (ContextFullError, CorruptModelError, DecodeError, ModelError, ModelNotFoundError,
                              NotGGUFError, SSDEdgeError, VocabMismatchError)
@@ -285,33 +286,7 @@ def test_model_errors_are_typed():
 
 def edited_gguf(src: Path, dst: Path, layers: int, token_edits: dict[int, str]) -> Path:
     """A copy of `src` with only `layers` blocks and some vocabulary entries renamed."""
-    import gguf
-
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
-    block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = field.contents()
-        if field.name == block_key:
-            value = layers
-        elif field.name == gguf.Keys.Tokenizer.LIST:
-            value = [token_edits.get(i, t) for i, t in enumerate(value)]
-        writer.add_key_value(field.name, value, vtype, sub_type=sub)
-    keep = [t for t in reader.tensors if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
-    for t in keep:
-        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in keep:
-        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
-    writer.close()
-    return dst
+    return testpair.rewrite_gguf(src, dst, layers, lambda tokens: [token_edits.get(i, t) for i, t in enumerate(tokens)])
 
 
 @pytest.fixture(scope="module")
