@@ -272,6 +272,7 @@ def test_prompts_run_long_enough(small):
 
 
 @pytest.mark.real
+@pytest.mark.timeout(1800)  # the ar runs of the module fixture count here too (pytest-timeout includes setup)
 @pytest.mark.parametrize("label", list(MODES))
 def test_greedy_lossless_small_pair(small, label):
     engine, ar_runs = small
@@ -322,6 +323,7 @@ def qwen(default_pair):
 
 
 @pytest.mark.default_pair
+@pytest.mark.timeout(3600)  # 1.5B + 0.5B at one thread each: ~10 min per mode, plus the ar runs in setup
 @pytest.mark.parametrize("label", list(MODES))
 def test_greedy_lossless_default_pair(qwen, label):
     engine, ar_runs = qwen
@@ -330,6 +332,7 @@ def test_greedy_lossless_default_pair(qwen, label):
 
 
 @pytest.mark.default_pair
+@pytest.mark.timeout(3600)
 def test_replay_reproduces_whole_runs_default_pair(qwen):
     engine, ar_runs = qwen
     p = PROMPTS[0]
