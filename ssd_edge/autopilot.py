@@ -18,10 +18,15 @@ it costs: a draft model that sat idle (ar, lookup) must first read the history
 it missed. The engine switches only when that saves more than `hysteresis` of
 the time left; `ar` stays preferred unless another plan beats it by AR_MARGIN.
 
-Exploring: when the profile's average acceptance says the draft does not pay
-but it would on predictable text, the generation starts with cheap `sd` (k=2)
-for `every` rounds to measure this prompt's acceptance, then decides (the
-draft has read along, so nothing needs catching up).
+Watching: when the profile's average acceptance says the draft does not pay
+but it would on predictable text, the generation starts in `ar` (never slower
+than plain decoding) while the draft reads the prompt on its own cores, and
+decides at the first check. While no model draft runs, the draft's acceptance
+is estimated from the target's own confidence: the mean top-1 probability of
+the tokens it commits, times how well that confidence has predicted the real
+acceptance in this generation's draft rounds (1 until there were any).
+Measured on 12 prompts of the suite (scripts/confidence_vs_acceptance.py),
+the mean top-1 probability came within 0.1 of the draft's acceptance on each.
 """
 
 from __future__ import annotations
@@ -74,7 +79,11 @@ class _Geometric:
 
     @property
     def value(self) -> float:
-        return (self.successes + self.weight * self.prior) / (self.successes + self.failures + self.weight)
+        return self.blend(self.prior)
+
+    def blend(self, prior: float) -> float:
+        """The estimate with another prior in place of the stored one."""
+        return (self.successes + self.weight * prior) / (self.successes + self.failures + self.weight)
 
 
 class NgramShadow:
@@ -119,18 +128,21 @@ class Autopilot:
     config: EngineConfig        # the engine's own config: thread caps, k cap, pre-speculation limits
     choice: Choice
     every: int = 4
-    prior_weight: float = 8.0  # trials (per-token) or lookups of evidence that the profile's value counts as
+    prior_weight: float = 4.0  # trials (per-token) or lookups of evidence that the profile's value counts as
     drift: float = 0.08
     hysteresis: float = 0.05
     rounds: int = 0
     switches: list[tuple[int, str, int]] = field(default_factory=list)  # (round, mode, k)
     draft_seen: int = 0         # history tokens the draft model has read (it reads none in ar/lookup)
-    exploring: bool = False     # the current plan only measures acceptance; decide at the first check
-    explored: bool = False      # this generation began by exploring
+    watching: bool = False      # the current plan (ar) only measures; decide at the first check
+    watched: bool = False       # this generation began by watching
 
     def __post_init__(self) -> None:
         p, w = self.profile.acceptance, self.prior_weight
         self.alpha = _Geometric(p.alpha, w)        # w trials of prior
+        self.confidence = _Rate(p.alpha, w)        # mean top-1 probability of committed tokens
+        self.calibration = _Rate(1.0, w)           # accepted drafted tokens per unit of confidence at them
+        self._top1: list[float] = []
         self.ngram = _Geometric(p.ngram_alpha, w)
         self.proposal = _Rate(p.ngram_proposal_rate, w)
         self.hit = _Rate(p.hit_rate, w)
@@ -143,12 +155,17 @@ class Autopilot:
         if config.draft is not None and profile.draft is not None and choice.mode not in ("sd", "ssd"):
             hopeful = profile.acceptance.model_copy(update=dict(alpha=max(profile.acceptance.alpha, OPTIMISTIC_ALPHA)))
             best = profile.choose(config, hopeful)
-            if best.mode in ("sd", "ssd"):  # the draft pays on predictable text: measure this prompt first
-                sd = [c for c in profile.rates(config) if c.mode == "sd" and c.k == min(2, profile.k_max)
+            if best.mode in ("sd", "ssd"):  # the draft pays on predictable text: watch this prompt first
+                ar = [c for c in profile.rates(config) if c.mode == "ar"
                       and (c.target_threads, c.draft_threads) == (best.target_threads, best.draft_threads)]
-                if sd:
-                    return cls(profile, config, sd[0], exploring=True, explored=True, **kwargs)
+                if ar:
+                    return cls(profile, config, ar[0], watching=True, watched=True, **kwargs)
         return cls(profile, config, choice, **kwargs)
+
+    @property
+    def prefill_draft(self) -> bool:
+        """Should the draft read the prompt now, beside the target (it may be wanted soon)?"""
+        return self.watching
 
     @property
     def run_config(self) -> EngineConfig:
@@ -156,12 +173,24 @@ class Autopilot:
         return self.choice.apply(self.config)
 
     def live(self) -> Acceptance:
-        return Acceptance(alpha=self.alpha.value, ngram_alpha=self.ngram.value,
+        alpha = min(1.0, self.calibration.value * self.confidence.value)
+        if self.choice.mode in ("sd", "ssd"):  # measured on the draft itself, that estimate as the prior
+            alpha = self.alpha.blend(alpha)
+        return Acceptance(alpha=alpha, ngram_alpha=self.ngram.value,
                           ngram_proposal_rate=self.proposal.value, hit_rate=self.hit.value)
 
     # ------------------------------------------------------------ observations
     def round_start(self, history: Sequence[int]) -> None:
         self.proposal.add(1.0 if self.shadow.ask(history) else 0.0)
+
+    def draft_read(self, n: int) -> None:
+        """The draft model has read the first n history tokens (a prefill beside the target)."""
+        self.draft_seen = max(self.draft_seen, n)
+
+    def target_confidence(self, top1: Sequence[float]) -> None:
+        """The target's top-1 probability at each position it committed this round (accepted
+        drafts, then the bonus token); call before round_end."""
+        self._top1 = [float(p) for p in top1]
 
     def round_end(self, rnd: Round, history: Sequence[int], remaining: int = 256) -> Choice | None:
         """Record a committed round (`remaining`: tokens the generation may still make);
@@ -170,6 +199,12 @@ class Autopilot:
             self.draft_seen = len(history)
         if rnd.speculator in ("draft", "prespec"):
             self.alpha.add_round(rnd.drafted, rnd.accepted)
+            reached = self._top1[:min(rnd.drafted, rnd.accepted + 1)]
+            if reached:
+                self.calibration.add(rnd.accepted, sum(reached))
+        if self._top1:
+            self.confidence.add(sum(self._top1), len(self._top1))
+            self._top1 = []
         if rnd.prespec is not None:
             self.hit.add(1.0 if rnd.prespec == "hit" else 0.0)
         self.ngram.add(*self.shadow.settle(history))
@@ -179,7 +214,7 @@ class Autopilot:
     def report(self) -> dict:
         """For the FinishEvent's stats: what ran, what it assumed, and when it switched."""
         c = self.choice
-        return {"mode": c.mode, "k": c.k, "explored": self.explored, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
+        return {"mode": c.mode, "k": c.k, "watched": self.watched, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
                 "window": c.window, "expected_tokens_per_s": c.expected_tokens_per_s,
                 "live": self.live().model_dump(), "switches": [list(x) for x in self.switches]}
 
@@ -188,9 +223,9 @@ class Autopilot:
         live, old = self.live(), self.choice.assumed
         moved = max(abs(live.alpha - old.alpha), abs(live.hit_rate - old.hit_rate),
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
-        if (moved <= self.drift and not self.exploring) or remaining < 2:
+        if (moved <= self.drift and not self.watching) or remaining < 2:
             return None
-        exploring, self.exploring = self.exploring, False
+        self.watching = False
         costs = {c.split: c for c in self.profile.costs}
 
         def time_left_ms(c: Choice) -> float:
@@ -203,7 +238,7 @@ class Autopilot:
         rates = self.profile.rates(self.config, live)
         best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
-        keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis) and not exploring
+        keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis)
         if now is None or _same_plan(best, now) or keep:
             self.choice = self.choice.model_copy(update=dict(assumed=live))  # same plan, fresh assumptions
             return None

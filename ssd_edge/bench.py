@@ -38,7 +38,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, Field
 
-from .config import EngineConfig
+from .config import EngineConfig, SpecConfig
 from .errors import ConfigError, SSDEdgeError
 
 log = logging.getLogger(__name__)
@@ -523,8 +523,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--category", type=_csv(str, CATEGORIES), default=None, help="only these prompt categories")
     ap.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the shipped suite")
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per generation (default 128)")
-    ap.add_argument("-k", "--draft-max", dest="k", type=int, default=4,
-                    help="draft length k of sd, lookup and ssd (default 4); auto picks its own")
+    ap.add_argument("-k", "--draft-max", dest="k", type=int, default=SpecConfig().k,
+                    help=f"draft length k of sd, lookup and ssd (default {SpecConfig().k}); auto picks its own")
     ap.add_argument("--reps", type=int, default=1, help="passes over the prompt suite (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i in every mode (default 0)")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")

@@ -43,7 +43,10 @@ class SamplingConfig(_Strict):
 
 
 class SpecConfig(_Strict):
-    k: int = Field(default=4, ge=1, le=32, description="draft tokens per round (--draft-max)")
+    # 3, not 4: on a CPU llama.cpp multiplies quantized weights four rows at a time, so verifying 4
+    # tokens costs about 1.5 single steps there and 5 tokens about 2.1 (the calibration profile
+    # measures it per device; see README "Performance").
+    k: int = Field(default=3, ge=1, le=32, description="draft tokens per round (--draft-max)")
     k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
     p_min: float = Field(default=0.0, ge=0.0, lt=1.0,
                          description="stop drafting when the draft's top probability falls below this (--draft-p-min)")

@@ -136,6 +136,36 @@ class _SSD(_Plain):
         self.worker.close()
 
 
+class _Reader:
+    """The draft model reading a prompt on its own thread (llama_decode releases the GIL)."""
+
+    def __init__(self, kv: KVSeq, prompt: list[int], cancel: threading.Event) -> None:
+        self.kv, self.prompt, self.read = kv, prompt, 0
+        self.thread = threading.Thread(target=self._run, args=(cancel,), name="ssd-edge-draft-prefill", daemon=True)
+        self.thread.start()
+
+    def _run(self, cancel: threading.Event) -> None:
+        try:
+            self.kv.feed(self.prompt, 1, cancel.is_set)
+            self.read = len(self.prompt)
+        except Cancelled:
+            pass
+        except Exception:  # the draft is an optimisation here; a switch into sd/ssd reads the prompt again
+            log.exception("the draft model could not read the prompt ahead")
+
+    def join(self) -> int:
+        """Wait for the read; the number of prompt tokens the draft now holds."""
+        self.thread.join()
+        return self.read
+
+
+def top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
+    """The target's probability of its likeliest token, per row (at temperature 1 when greedy)."""
+    x = rows.astype(np.float64) / (s.temperature if s.temperature > 0 else 1.0)
+    x -= x.max(axis=1, keepdims=True)
+    return 1.0 / np.exp(x).sum(axis=1)
+
+
 # ---------------------------------------------------------------- text and stops
 
 class _Text:
@@ -370,6 +400,7 @@ class Engine:
         reason: StopReason | None = None
         message: str | None = None
         strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
+        reader = self._read_prompt(prompt, cfg, cancel) if pilot is not None and pilot.prefill_draft else None
         try:
             while reason is None:
                 if cancel.is_set():
@@ -410,6 +441,8 @@ class Engine:
                     if len(out) + len(new) >= max_tokens:
                         reason = "length"
                         break
+                if pilot is not None:
+                    pilot.target_confidence(top1(rows[:a + 1], s))
                 history.extend([*draft.tokens[:a], b])
                 out.extend(new)
                 wall_ms = (time.perf_counter() - t_round) * 1e3
@@ -420,6 +453,9 @@ class Engine:
                 meter.record(rnd, len(new))
                 if pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None \
                         and reason is None:
+                    if reader is not None:
+                        pilot.draft_read(reader.join())
+                        reader = None
                     self._end_strategy(strategy)
                     cfg, mode = pilot.run_config, pilot.choice.mode
                     k_max = cfg.spec.k if mode != "ar" else 0
@@ -432,12 +468,21 @@ class Engine:
         except ContextFullError as e:
             reason, message = "context", str(e)
         finally:
+            if reader is not None:
+                reader.join()
             self._end_strategy(strategy)
         tail = text.finish()
         stats = meter.summary()
         if pilot is not None:
             stats["auto"] = pilot.report()
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
+
+    def _read_prompt(self, prompt: list[int], cfg: EngineConfig, cancel: threading.Event) -> "_Reader | None":
+        """Let the draft read the prompt on a thread while the target decodes, so a switch into
+        sd/ssd finds it ready; only where the two fit on the cores side by side."""
+        if self.draft_kv is None or cfg.draft is None or cfg.target.threads + cfg.draft.threads > usable_cores():
+            return None
+        return _Reader(self.draft_kv, prompt, cancel)
 
     def _end_strategy(self, strategy: _Plain) -> None:
         strategy.close()

@@ -83,7 +83,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
     Option("mode", ("--mode",), str, "decoding: ar | sd | lookup | ssd | auto (default: ssd with a draft "
            "model, lookup without)", _X),
-    Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 4)", _X),
+    Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 3)", _X),
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
     Option("budget_cells", ("--budget-cells",), int, "SSD: draft KV cells that pre-speculated branches may hold "

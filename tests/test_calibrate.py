@@ -186,6 +186,7 @@ def test_autopilot_leaves_ssd_when_the_draft_stops_agreeing():
     for i in range(60):
         pilot.round_start(history)
         history += [2000 + i]
+        pilot.target_confidence([0.9])  # the target is as sure as the probe said; the draft misses anyway
         new = pilot.round_end(rnd(i, "draft", pilot.choice.k or 1, 0, "miss"), history) or new
         if pilot.choice.mode == "ar":
             break
@@ -225,28 +226,48 @@ def test_ar_is_kept_unless_speculation_is_expected_to_win_by_the_margin():
     assert p.choose(cfg, margin=gain * 1.5).mode == "ar"
 
 
-def explore_then(accepted_per_round: int, rounds: int = 4) -> Autopilot:
+def watch_then(confidence: float, rounds: int = 4) -> Autopilot:
     # On average the draft does not pay (alpha 0.5), so ar would be chosen; on code it would.
     p = fake_profile(alpha=0.5, hit=0.5, ngram_alpha=0.0, proposal=0.0)
     pilot = Autopilot.start(p, config(2, 2))
-    assert pilot.exploring and pilot.choice.mode == "sd" and pilot.choice.k == 2
+    assert pilot.watching and pilot.prefill_draft and pilot.choice.mode == "ar"
+    pilot.draft_read(40)
     history = list(range(100, 140))
     for i in range(rounds):
         pilot.round_start(history)
-        history += list(range(3000 + 10 * i, 3000 + 10 * i + accepted_per_round + 1))
-        pilot.round_end(rnd(i, "draft", 2, accepted_per_round, None, mode="sd"), history, 200)
+        history.append(3000 + i)
+        pilot.target_confidence([confidence])
+        pilot.round_end(rnd(i, "none", 0, 0, None, mode="ar"), history, 200)
     return pilot
 
 
-def test_autopilot_explores_with_cheap_sd_and_keeps_speculating_on_predictable_text():
-    pilot = explore_then(accepted_per_round=2)
-    assert not pilot.exploring and pilot.explored
+def test_autopilot_watches_in_ar_and_speculates_when_the_target_is_confident():
+    pilot = watch_then(confidence=1.0)
+    assert not pilot.watching and pilot.watched
     assert pilot.choice.mode in ("sd", "ssd") and pilot.switches
+    assert pilot.live().alpha > 0.5  # the target's confidence moved the estimate up from the prior
 
 
-def test_autopilot_explores_and_falls_back_to_ar_when_the_draft_disagrees():
-    pilot = explore_then(accepted_per_round=0)
-    assert pilot.choice.mode == "ar" and pilot.switches[-1][1] == "ar"
+def test_autopilot_watches_and_stays_in_ar_when_the_target_is_unsure():
+    pilot = watch_then(confidence=0.3)
+    assert pilot.choice.mode == "ar" and not pilot.switches and not pilot.watching
+    assert pilot.live().alpha < 0.5
+
+
+def test_confidence_is_scaled_by_how_well_it_predicted_this_drafts_acceptance():
+    # The target is sure of every token, but the draft gets none right: after draft rounds
+    # that show it, the target's confidence alone no longer argues for speculating.
+    p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
+    pilot = Autopilot.start(p, config(1, 1))
+    history = list(range(100, 140))
+    for i in range(12):
+        pilot.round_start(history)
+        history.append(4000 + i)
+        pilot.target_confidence([0.99])
+        pilot.round_end(rnd(i, "draft", 3, 0, None, mode="sd"), history, 200)
+    assert pilot.choice.mode == "ar"
+    assert pilot.calibration.value < 0.5
+    assert pilot.live().alpha < 0.5  # confidence 0.99 times a calibration under 0.5
 
 
 def _lookup_start_then_ngrams_dry_up(history_len: int, remaining: int) -> Autopilot:
