@@ -6,7 +6,7 @@ estimates, each blended with the profile's probe value as if that value were
 `prior_weight` rounds of evidence:
 
     alpha        draft model acceptance, from rounds verified with a model draft
-    hit rate     SSD pre-speculation lookups that hit
+    hit rate     SSD pre-speculation lookups that hit (before any: alpha^k)
     n-gram       a shadow n-gram drafter asked at the start of every round (it costs
                  microseconds), scored against the tokens the target went on to commit;
                  so prompt lookup's value is known even while another mode runs
@@ -37,7 +37,7 @@ from typing import Sequence
 from .config import EngineConfig
 from .drafters import NgramDrafter
 from .events import Round
-from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, Acceptance, Choice, Profile, pick
+from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, Acceptance, Choice, Profile, expected_hit_rate, pick
 
 
 @dataclass
@@ -145,7 +145,7 @@ class Autopilot:
         self._top1: list[float] = []
         self.ngram = _Geometric(p.ngram_alpha, w)
         self.proposal = _Rate(p.ngram_proposal_rate, w)
-        self.hit = _Rate(p.hit_rate, w)
+        self.hits = self.lookups = 0               # SSD lookups of this generation (the prior: alpha^k)
         spec = self.config.spec
         self.shadow = NgramShadow(NgramDrafter(spec.ngram_min, spec.ngram_max), self.profile.k_max)
 
@@ -177,7 +177,15 @@ class Autopilot:
         if self.choice.mode in ("sd", "ssd"):  # measured on the draft itself, that estimate as the prior
             alpha = self.alpha.blend(alpha)
         return Acceptance(alpha=alpha, ngram_alpha=self.ngram.value,
-                          ngram_proposal_rate=self.proposal.value, hit_rate=self.hit.value)
+                          ngram_proposal_rate=self.proposal.value, hit_rate=self._hit_rate(alpha))
+
+    def _hit_rate(self, alpha: float) -> float | None:
+        """Measured SSD hits, blended with expected_hit_rate(alpha, k) as the prior; None before any."""
+        if not self.lookups:
+            return None
+        k = self.choice.k if self.choice.mode == "ssd" else self.config.spec.k
+        w = self.prior_weight
+        return (self.hits + w * expected_hit_rate(alpha, k)) / (self.lookups + w)
 
     # ------------------------------------------------------------ observations
     def round_start(self, history: Sequence[int]) -> None:
@@ -206,7 +214,8 @@ class Autopilot:
             self.confidence.add(sum(self._top1), len(self._top1))
             self._top1 = []
         if rnd.prespec is not None:
-            self.hit.add(1.0 if rnd.prespec == "hit" else 0.0)
+            self.hits += rnd.prespec == "hit"
+            self.lookups += 1
         self.ngram.add(*self.shadow.settle(history))
         self.rounds += 1
         return self._decide(len(history), remaining) if self.rounds % self.every == 0 else None
@@ -221,7 +230,8 @@ class Autopilot:
     # ------------------------------------------------------------ decision
     def _decide(self, history_len: int, remaining: int) -> Choice | None:
         live, old = self.live(), self.choice.assumed
-        moved = max(abs(live.alpha - old.alpha), abs(live.hit_rate - old.hit_rate),
+        hit_moved = abs(live.hit_rate - old.hit_rate) if live.hit_rate is not None and old.hit_rate is not None else 0.0
+        moved = max(abs(live.alpha - old.alpha), hit_moved,
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
         if (moved <= self.drift and not self.watching) or remaining < 2:
             return None

@@ -114,6 +114,20 @@ def test_separate_cores_and_a_good_draft_choose_ssd():
     assert 1 <= ch.k <= 8 and 1 <= ch.window <= 4
 
 
+def test_ssd_hit_rate_is_alpha_to_the_k_unless_measured():
+    p = fake_profile(alpha=0.9, hit=0.1)  # the probe's hit rate is not used: it belongs to the probe's alpha
+    cfg = config(1, 1)
+    ssd = {c.k: c for c in p.rates(cfg) if c.mode == "ssd"}
+    derived = {c.k: c for c in p.rates(cfg, p.acceptance.model_copy(update=dict(hit_rate=None))) if c.mode == "ssd"}
+    assert all(ssd[k].expected_tokens_per_s == derived[k].expected_tokens_per_s for k in ssd)
+    c = p.costs[0]
+    v_over = [x * c.target_overlap for x in c.target_ms]
+    assert ssd[3].expected_tokens_per_s == pytest.approx(
+        ssd_rate(0.9, 3, 0.9 ** 3, c.draft_ms[0], v_over, c.draft_ms[0] * c.draft_overlap))
+    measured = {c.k: c for c in p.rates(cfg, p.acceptance.model_copy(update=dict(hit_rate=0.1))) if c.mode == "ssd"}
+    assert measured[3].expected_tokens_per_s < ssd[3].expected_tokens_per_s
+
+
 def test_a_useless_draft_and_no_ngrams_choose_ar():
     ch = fake_profile(alpha=0.02, hit=0.05, ngram_alpha=0.0, proposal=0.0).choose(config(2, 2))
     assert ch.mode == "ar" and ch.target_threads == 2
