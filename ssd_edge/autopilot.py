@@ -18,8 +18,8 @@ it costs: a draft model that sat idle (ar, lookup) must first read the history
 it missed. The engine switches only when that saves more than `hysteresis` of
 the time left; `ar` stays preferred unless another plan beats it by AR_MARGIN.
 
-Watching: when the profile's average acceptance says the draft does not pay
-but it would on predictable text, the generation starts in `ar` (never slower
+Watching: when the best plan depends on this prompt's acceptance (the draft
+pays on predictable text and not on the rest), the generation starts in `ar` (never slower
 than plain decoding) while the draft reads the prompt on its own cores, and
 decides at the first check. While no model draft runs, the draft's acceptance
 is estimated from the target's own confidence: the mean top-1 probability of
@@ -31,13 +31,16 @@ the mean top-1 probability came within 0.1 of the draft's acceptance on each.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from .config import EngineConfig
 from .drafters import NgramDrafter
 from .events import Round
-from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, Acceptance, Choice, Profile, expected_hit_rate, pick
+from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, PESSIMISTIC_ALPHA, Acceptance, Choice, Profile, expected_hit_rate, pick
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -151,13 +154,16 @@ class Autopilot:
 
     @classmethod
     def start(cls, profile: Profile, config: EngineConfig, **kwargs) -> "Autopilot":
+        """Begin with the profile's choice when it holds whatever this prompt's acceptance turns
+        out to be; when it depends on that, watch in ar first (cheaper than guessing wrong)."""
         choice = profile.choose(config)
-        if config.draft is not None and profile.draft is not None and choice.mode not in ("sd", "ssd"):
-            hopeful = profile.acceptance.model_copy(update=dict(alpha=max(profile.acceptance.alpha, OPTIMISTIC_ALPHA)))
-            best = profile.choose(config, hopeful)
-            if best.mode in ("sd", "ssd"):  # the draft pays on predictable text: watch this prompt first
+        if config.draft is not None and profile.draft is not None:
+            acc = profile.acceptance.model_copy(update=dict(hit_rate=None))  # hits follow alpha
+            hopeful = profile.choose(config, acc.model_copy(update=dict(alpha=max(acc.alpha, OPTIMISTIC_ALPHA))))
+            wary = profile.choose(config, acc.model_copy(update=dict(alpha=min(acc.alpha, PESSIMISTIC_ALPHA))))
+            if hopeful.mode in ("sd", "ssd") and wary.mode not in ("sd", "ssd"):  # the draft pays on some text only
                 ar = [c for c in profile.rates(config) if c.mode == "ar"
-                      and (c.target_threads, c.draft_threads) == (best.target_threads, best.draft_threads)]
+                      and (c.target_threads, c.draft_threads) == (hopeful.target_threads, hopeful.draft_threads)]
                 if ar:
                     return cls(profile, config, ar[0], watching=True, watched=True, **kwargs)
         return cls(profile, config, choice, **kwargs)
@@ -249,6 +255,10 @@ class Autopilot:
         best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
         keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis)
+        log.debug("round %d: alpha %.2f hit %s ngram %.2f/%.2f; now %s k=%d %.0f ms left, best %s k=%d %.0f ms",
+                  self.rounds, live.alpha, "-" if live.hit_rate is None else f"{live.hit_rate:.2f}", live.ngram_alpha,
+                  live.ngram_proposal_rate, self.choice.mode, self.choice.k, time_left_ms(now) if now else -1,
+                  best.mode, best.k, time_left_ms(best))
         if now is None or _same_plan(best, now) or keep:
             self.choice = self.choice.model_copy(update=dict(assumed=live))  # same plan, fresh assumptions
             return None

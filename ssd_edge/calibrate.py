@@ -137,7 +137,7 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
             tick(f"running both at once, {t}+{d} threads", done / steps)
             engine.target_ctx.set_threads(t)
             engine.draft_ctx.set_threads(d)
-            n_verify = min(5, k_max + 1)
+            n_verify = min(engine.config.spec.k + 1, k_max + 1)  # the verify ssd runs at the configured k
             v_ms, d_ms = _overlap(engine.target_ctx, engine.draft_ctx, n_verify, overlap_s)
             costs.append(prof.ThreadCosts(
                 target_threads=t, draft_threads=d, target_ms=target_ms[t], draft_ms=draft_ms[d],
@@ -257,7 +257,7 @@ def _print(p: prof.Profile, path, console) -> None:
     console.print(f"[bold]{p.target.name}[/] + draft [bold]{p.draft.name if p.draft else '-'}[/] on "
                   f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s")
     console.print(f"profile: {path}")
-    cols = [n for n in (1, 2, 3, 5, p.k_max + 1) if n <= p.k_max + 1]
+    cols = sorted({n for n in (1, 2, 3, 4, 5, p.k_max + 1) if n <= p.k_max + 1})
     t = Table(title="ms per llama_decode of n tokens, each model alone; slowdown x when both decode at once")
     t.add_column("t+d")
     for n in cols:

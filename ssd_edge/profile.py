@@ -44,7 +44,8 @@ FIXED_MODES = ("ar", "sd", "lookup", "ssd")
 # Speculation must be expected to beat plain decoding by this much to be chosen: ar is the
 # safe baseline, and an estimate a few percent above it is within the model's error.
 AR_MARGIN = 0.08
-OPTIMISTIC_ALPHA = 0.95  # the draft acceptance on the most predictable text (code), for exploring
+OPTIMISTIC_ALPHA = 0.95   # the draft acceptance on the most predictable text (code edits)
+PESSIMISTIC_ALPHA = 0.5   # ... and on the least (stories); auto watches first when the best plan differs
 
 
 # ---------------------------------------------------------------- pure maths

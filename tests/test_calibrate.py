@@ -176,9 +176,25 @@ def rnd(i: int, speculator: str, drafted: int, accepted: int, prespec=None, mode
     return Round(i, mode, speculator, prespec, drafted, accepted, 100.0, 90.0, 5.0)
 
 
+def running(p: Profile, cfg: EngineConfig) -> Autopilot:
+    """A pilot running the profile's choice (as after a watch that confirmed the probe)."""
+    return Autopilot(p, cfg, p.choose(cfg))
+
+
+def test_autopilot_starts_with_the_choice_that_holds_at_any_acceptance_and_watches_otherwise():
+    p = fake_profile(alpha=0.9, hit=0.85)                   # batches cost little: the draft pays even at 0.5
+    pilot = Autopilot.start(p, config(1, 1))
+    assert not pilot.watching and pilot.choice.mode in ("sd", "ssd")
+    dear = ThreadCosts(target_threads=1, draft_threads=1, target_ms=[170.0 + 90 * i for i in range(9)],
+                       draft_ms=[80.0 + 6 * i for i in range(9)], target_overlap=1.05, draft_overlap=1.05)
+    p = p.model_copy(update=dict(costs=[dear]))              # every extra token verified costs half a step
+    pilot = Autopilot.start(p, config(1, 1))                 # ssd at alpha 0.95, ar at 0.5: watch in ar first
+    assert pilot.watching and pilot.choice.mode == "ar"
+
+
 def test_autopilot_leaves_a_choice_alone_while_the_live_numbers_match_it():
     p = fake_profile(alpha=0.9, hit=0.85)
-    pilot = Autopilot.start(p, config(1, 1))
+    pilot = running(p, config(1, 1))
     assert pilot.choice.mode == "ssd"
     history = list(range(100, 140))  # no repeats: the n-gram shadow never proposes
     for i in range(30):
@@ -193,7 +209,7 @@ def test_autopilot_leaves_a_choice_alone_while_the_live_numbers_match_it():
 
 def test_autopilot_leaves_ssd_when_the_draft_stops_agreeing():
     p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
-    pilot = Autopilot.start(p, config(2, 2))
+    pilot = running(p, config(2, 2))
     assert pilot.choice.mode in ("ssd", "sd")
     history = list(range(100, 140))
     new = None
