@@ -27,6 +27,9 @@ the tokens it commits, times how well that confidence has predicted the real
 acceptance in this generation's draft rounds (1 until there were any).
 Measured on 12 prompts of the suite (scripts/confidence_vs_acceptance.py),
 the mean top-1 probability came within 0.1 of the draft's acceptance on each.
+Where the two models fit on the cores side by side, the draft also reads along
+during the watch and guesses each next token (engine._Shadow): every guess is
+a real trial of its acceptance, and the switch finds it caught up.
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ class Autopilot:
 
     def live(self) -> Acceptance:
         alpha = min(1.0, self.calibration.value * self.confidence.value)
-        if self.choice.mode in ("sd", "ssd"):  # measured on the draft itself, that estimate as the prior
+        if self.alpha.successes + self.alpha.failures:  # measured on the draft itself, that estimate as the prior
             alpha = self.alpha.blend(alpha)
         return Acceptance(alpha=alpha, ngram_alpha=self.ngram.value,
                           ngram_proposal_rate=self.proposal.value, hit_rate=self._hit_rate(alpha))
@@ -200,6 +203,11 @@ class Autopilot:
     def draft_read(self, n: int) -> None:
         """The draft model has read the first n history tokens (a prefill beside the target)."""
         self.draft_seen = max(self.draft_seen, n)
+
+    def draft_guessed(self, right: bool) -> None:
+        """The draft, reading along during a watch, guessed the target's next token (right or not):
+        one real trial of its acceptance."""
+        self.alpha.add(int(right), int(not right))
 
     def target_confidence(self, top1: Sequence[float]) -> None:
         """The target's top-1 probability at each position it committed this round (accepted

@@ -30,6 +30,13 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tokens)
 
+    def head(self, m: int) -> "Draft":
+        """The first m tokens (with their q rows and candidates)."""
+        if m >= len(self.tokens):
+            return self
+        return Draft(self.tokens[:m], None if self.q is None else self.q[:m], self.source,
+                     None if self.cands is None else self.cands[:m])
+
 
 @dataclass(frozen=True)
 class Candidates:

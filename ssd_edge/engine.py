@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from .autopilot import Autopilot
-from .backend import Context, Model, TextStream, check_same_vocab
+from .backend import Aborted, Context, Model, TextStream, check_same_vocab
 from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
@@ -108,16 +108,21 @@ class _SSD(_Plain):
         return "ssd" if self.policy.state == "ssd" else self.policy.state
 
     def propose(self, history: list[int], k: int) -> Proposal:
-        res = self.worker.lookup(history, k)
+        res = self.worker.lookup(history, k)  # a partial is extended as far as plan_round says
         if res.status in ("hit", "partial"):
             self.policy.observe_lookup(res.status)
-            return Proposal(res.draft, "prespec", res.status)
+            draft = res.draft.head(self.policy.plan_round(len(res.draft), k))
+            return Proposal(draft if len(draft) else EMPTY, "prespec" if len(draft) else "none", res.status)
         if res.status == "miss":
             self.policy.observe_lookup("miss")
             backup = self.ngram.propose(history, k)
             if self.policy.use_backup(len(backup), k):
                 return Proposal(backup, "ngram", "miss")
-        return Proposal(self.worker.draft_now(history, k), "draft", "miss" if res.status == "miss" else None)
+        status = "miss" if res.status == "miss" else None
+        m = self.policy.plan_round(0, k)
+        if m == 0:  # a plain target step; the worker prepares the next round meanwhile
+            return Proposal(EMPTY, "none", status)
+        return Proposal(self.worker.draft_now(history, m), "draft", status)
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
         self.worker.verifying(history, draft, k_next)
@@ -125,10 +130,7 @@ class _SSD(_Plain):
     def observe(self, proposal: Proposal, accepted: int, verify_s: float, draft_s: float, ms_per_token: float) -> None:
         d = len(proposal.draft)
         self.policy.observe_verify(d, accepted, proposal.speculator)
-        if d:
-            self.policy.costs.verify_ms.add(verify_s * 1e3)
-        if proposal.speculator == "draft" and d:
-            self.policy.costs.draft_step_ms.add(draft_s * 1e3 / d)
+        self.policy.observe_costs(d, verify_s * 1e3, draft_s * 1e3 / d if proposal.speculator == "draft" and d else None)
         self.policy.observe_round(ms_per_token)
         self.meter.state = "backup" if proposal.speculator == "ngram" else self.state
 
@@ -136,27 +138,77 @@ class _SSD(_Plain):
         self.worker.close()
 
 
-class _Reader:
-    """The draft model reading a prompt on its own thread (llama_decode releases the GIL)."""
+class _Shadow:
+    """The draft model reading along on its own thread while the target decodes alone (auto's
+    watch): it reads the prompt, then each committed token, and guesses the next one, so the
+    draft's real acceptance is measured at no cost to the target, and a switch into sd/ssd
+    finds the draft caught up. llama_decode releases the GIL."""
 
     def __init__(self, kv: KVSeq, prompt: list[int], cancel: threading.Event) -> None:
-        self.kv, self.prompt, self.read = kv, prompt, 0
-        self.thread = threading.Thread(target=self._run, args=(cancel,), name="ssd-edge-draft-prefill", daemon=True)
+        self.kv = kv
+        self.cancel = cancel
+        self.guesses: dict[int, int] = {}   # position -> the draft's greedy token there
+        self._want: list[int] | None = list(prompt)
+        self._cond = threading.Condition()
+        self._busy = False
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name="ssd-edge-draft-shadow", daemon=True)
         self.thread.start()
 
-    def _run(self, cancel: threading.Event) -> None:
-        try:
-            self.kv.feed(self.prompt, 1, cancel.is_set)
-            self.read = len(self.prompt)
-        except Cancelled:
-            pass
-        except Exception:  # the draft is an optimisation here; a switch into sd/ssd reads the prompt again
-            log.exception("the draft model could not read the prompt ahead")
+    def push(self, history: Sequence[int]) -> None:
+        """The history now committed; the shadow reads it when free (intermediate ones are skipped)."""
+        with self._cond:
+            self._want = list(history)
+            self._cond.notify()
 
-    def join(self) -> int:
-        """Wait for the read; the number of prompt tokens the draft now holds."""
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._want is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                want, self._want = self._want, None
+                self._busy = True
+            try:
+                row = self.kv.feed(want, 1, self.cancel.is_set)
+                self.guesses[len(want)] = int(row[-1].argmax())
+            except (Cancelled, Aborted):
+                pass
+            except Exception:  # only an optimisation: a switch into sd/ssd reads the history again
+                log.exception("the draft model could not read along")
+                with self._cond:
+                    self._closed = True
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def guess(self, position: int) -> int | None:
+        return self.guesses.pop(position, None)
+
+    def settle(self) -> int:
+        """Wait until the latest history is read and stop; the number of tokens the draft holds."""
+        with self._cond:
+            while (self._want is not None or self._busy) and not self._closed:
+                self._cond.wait()
+            self._closed = True
+            self._cond.notify_all()
         self.thread.join()
-        return self.read
+        return len(self.kv.tokens)
+
+    def stop(self) -> None:
+        """Abandon the reading (the generation ended): abort the decode in flight."""
+        abort = getattr(self.kv.ctx, "abort", None)  # the tests' fake contexts have none
+        with self._cond:
+            self._closed = True
+            self._want = None
+            self._cond.notify_all()
+            if abort is not None and self._busy:
+                abort.set()
+        self.thread.join()
+        if abort is not None:
+            abort.clear()
 
 
 def top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
@@ -253,6 +305,7 @@ class Engine:
         self._lock = threading.Lock()
         self._worker: PrespecWorker | None = None
         self.profile = None  # a calibration profile (profile.Profile), for mode auto; loaded on first use
+        self._step_ms: dict[int, float] = {}  # target threads -> ms of a one-token target step (a running mean)
         self._profile_looked_up = False
 
     # ------------------------------------------------------------ settings
@@ -373,7 +426,7 @@ class Engine:
                                p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
         if mode == "sd":
             return _Draft(drafter, cancelled)
-        policy = PrespecPolicy(p, cfg.spec.k)
+        policy = PrespecPolicy(p, cfg.spec.k, self._plain_step_ms(cfg.target.threads), self._verify_curve(cfg.target.threads))
         worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
         self._worker = worker  # for tests and monitoring
         return _SSD(worker, policy, ngram, meter)
@@ -400,7 +453,7 @@ class Engine:
         reason: StopReason | None = None
         message: str | None = None
         strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
-        reader = self._read_prompt(prompt, cfg, cancel) if pilot is not None and pilot.prefill_draft else None
+        shadow = self._shadow(prompt, cfg, cancel) if pilot is not None and pilot.prefill_draft else None
         try:
             while reason is None:
                 if cancel.is_set():
@@ -421,6 +474,9 @@ class Engine:
                 rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, cancel.is_set)
                 verify_s = time.perf_counter() - t_verify
                 meter.target_busy.add(verify_s)
+                if not draft.tokens and len(history) > len(prompt):  # a plain step (not the prompt's prefill)
+                    old = self._step_ms.get(cfg.target.threads, verify_s * 1e3)
+                    self._step_ms[cfg.target.threads] = old + 0.2 * (verify_s * 1e3 - old)
                 if s.greedy:
                     a, b = verify_greedy(draft.tokens, rows.argmax(axis=1))
                 else:
@@ -443,7 +499,11 @@ class Engine:
                         break
                 if pilot is not None:
                     pilot.target_confidence(top1(rows[:a + 1], s))
+                    if shadow is not None and (guess := shadow.guess(len(history))) is not None:
+                        pilot.draft_guessed(guess == (draft.tokens[0] if a else b))
                 history.extend([*draft.tokens[:a], b])
+                if shadow is not None:
+                    shadow.push(history)
                 out.extend(new)
                 wall_ms = (time.perf_counter() - t_round) * 1e3
                 rnd = Round(len(meter.rounds), strategy.state if mode == "ssd" else mode, prop.speculator
@@ -453,9 +513,9 @@ class Engine:
                 meter.record(rnd, len(new))
                 if pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None \
                         and reason is None:
-                    if reader is not None:
-                        pilot.draft_read(reader.join())
-                        reader = None
+                    if shadow is not None:
+                        pilot.draft_read(shadow.settle())
+                        shadow = None
                     self._end_strategy(strategy)
                     cfg, mode = pilot.run_config, pilot.choice.mode
                     k_max = cfg.spec.k if mode != "ar" else 0
@@ -468,8 +528,8 @@ class Engine:
         except ContextFullError as e:
             reason, message = "context", str(e)
         finally:
-            if reader is not None:
-                reader.join()
+            if shadow is not None:
+                shadow.stop()
             self._end_strategy(strategy)
         tail = text.finish()
         stats = meter.summary()
@@ -477,12 +537,24 @@ class Engine:
             stats["auto"] = pilot.report()
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
-    def _read_prompt(self, prompt: list[int], cfg: EngineConfig, cancel: threading.Event) -> "_Reader | None":
-        """Let the draft read the prompt on a thread while the target decodes, so a switch into
-        sd/ssd finds it ready; only where the two fit on the cores side by side."""
+    def _shadow(self, prompt: list[int], cfg: EngineConfig, cancel: threading.Event) -> _Shadow | None:
+        """The draft reading along beside the target (_Shadow), where the two fit on the cores side by side."""
         if self.draft_kv is None or cfg.draft is None or cfg.target.threads + cfg.draft.threads > usable_cores():
             return None
-        return _Reader(self.draft_kv, prompt, cancel)
+        return _Shadow(self.draft_kv, prompt, cancel)
+
+    def _verify_curve(self, threads: int) -> list[float] | None:
+        """The profile's ms for a target decode of 1, 2, ... tokens at `threads`, if calibrated."""
+        prof = self.auto_profile() if self.draft is not None else None
+        costs = [c for c in prof.costs if c.target_threads == threads] if prof is not None else []
+        return list(costs[0].target_ms) if costs else None
+
+    def _plain_step_ms(self, threads: int) -> float | None:
+        """One target step's cost at `threads`: as timed in earlier rounds, else from the profile."""
+        if threads in self._step_ms:
+            return self._step_ms[threads]
+        curve = self._verify_curve(threads)
+        return curve[0] if curve else None
 
     def _end_strategy(self, strategy: _Plain) -> None:
         strategy.close()

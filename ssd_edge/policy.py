@@ -5,6 +5,9 @@
   acceptance are high and shrinks when they are low;
 - after `backup_after_misses` consecutive misses, a miss is served by the
   n-gram backup when it is predicted faster than drafting just in time;
+- each round verifies the number of draft tokens (0..k) of most expected
+  tokens per ms, given what is prepared and the device's verify cost curve
+  (plan_round); 0 is a plain target step;
 - after `rollback_after_misses` consecutive misses, pre-speculation is switched
   off (plain `sd`) and probed again `probe_every` rounds later;
 - with an SLA (ms per token), pre-speculation is cut while latency exceeds it.
@@ -42,17 +45,23 @@ class Ema:
 class Costs:
     """Measured step costs (ms), for choosing between just-in-time drafting and the backup."""
 
-    verify_ms: Ema
-    draft_step_ms: Ema
+    verify_ms: Ema       # a verify of a drafted round
+    draft_step_ms: Ema   # one just-in-time draft step
+    step_ms: Ema         # a round with nothing drafted: one target step (None until seen)
 
 
 class PrespecPolicy:
-    def __init__(self, cfg: PrespecConfig, k: int) -> None:
+    def __init__(self, cfg: PrespecConfig, k: int, step_ms: float | None = None,
+                 verify_curve: list[float] | None = None) -> None:
+        """step_ms: what one plain target step is known to cost here (earlier rounds, the profile);
+        verify_curve: ms of a target decode of 1, 2, ... tokens on this device (the profile)."""
+        self.verify_curve = verify_curve
         self.cfg = cfg
         self.k = k
         self.alpha = [Ema(0.8) for _ in range(max(k, 1))]  # P(accept draft pos i | accepted all before)
         self.ngram_accept = Ema(0.3)                           # accepted / proposed for n-gram drafts
-        self.costs = Costs(Ema(100.0), Ema(40.0))
+        self.costs = Costs(Ema(100.0), Ema(40.0), Ema(step_ms))
+        self._verifies_timed = False
         self.recent_hits: deque[bool] = deque(maxlen=16)
         self.latency_ms = Ema(None, alpha=0.3)
         self.fanout = min(max(cfg.fanout_min, 2), cfg.fanout_max)
@@ -61,6 +70,16 @@ class PrespecPolicy:
         self._rounds_off = 0
 
     # ------------------------------------------------------------ observations
+    def observe_costs(self, drafted: int, verify_ms: float, draft_step_ms: float | None) -> None:
+        """A round's timings: its verify (or plain step), and the just-in-time draft step if any."""
+        if drafted:
+            self.costs.verify_ms.add(verify_ms)
+            self._verifies_timed = True
+        else:
+            self.costs.step_ms.add(verify_ms)
+        if draft_step_ms is not None:
+            self.costs.draft_step_ms.add(draft_step_ms)
+
     def observe_verify(self, drafted: int, accepted: int, source: str) -> None:
         if drafted == 0:
             return
@@ -138,6 +157,32 @@ class PrespecPolicy:
         e_ngram = self.ngram_accept.value * ngram_len
         v, c = self.costs.verify_ms.value, self.costs.draft_step_ms.value
         return (1 + e_ngram) / v > (1 + e_draft) / (v + k * c)
+
+    def verify_cost(self, n: int, k: int) -> float:
+        """ms of a target decode of n tokens. From the device's curve when there is one (scaled to
+        the verifies timed here), else a line from one step to the timed verify of k + 1 tokens;
+        with no step timed yet, flat (as on a GPU, where a small batch costs what one token does)."""
+        v = self.costs.verify_ms.value
+        curve = self.verify_curve
+        if curve:
+            at = lambda i: curve[min(i, len(curve)) - 1]  # noqa: E731
+            return at(n) * (v / at(k + 1) if self._verifies_timed else 1.0)
+        step = self.costs.step_ms.value if self.costs.step_ms.value is not None else v
+        return step + (v - step) * (n - 1) / max(k, 1)
+
+    def plan_round(self, ready: int, k: int) -> int:
+        """How many draft tokens to verify this round, 0..k, when `ready` are prepared (the rest
+        would be drafted just in time): the m of most expected tokens per ms,
+
+            (1 + sum_{i=1..m} P(first i accepted)) / (verify(m + 1) + max(0, m - ready) * draft_step).
+
+        m = 0 is a plain target step (the worker pre-speculates the next round meanwhile). On a
+        CPU, where verifying 4 tokens costs 1.5 steps and 2 tokens 1.6, it picks 0 or 3."""
+        al = np.array([self.alpha[min(i, len(self.alpha) - 1)].value for i in range(k)])
+        gain = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(al))])  # gain[m] = E[tokens | m drafted]
+        c = self.costs.draft_step_ms.value
+        rate = [gain[m] / (self.verify_cost(m + 1, k) + max(0, m - ready) * c) for m in range(k + 1)]
+        return int(np.argmax(rate))
 
     def label(self) -> str:
         return self.state

@@ -240,9 +240,13 @@ class PrespecWorker:
             n_tok = min(len(br.tokens), k)
             q = None if not br.qs or br.qs[0] is None else np.stack(br.qs[:n_tok])
             return LookupResult("hit", Draft(tuple(br.tokens[:n_tok]), q, "prespec", tuple(br.cands[:n_tok])))
+        want = self.policy.plan_round(len(br.tokens), k)  # extend just in time only where it pays
+        if want <= len(br.tokens):
+            q = None if not br.qs or br.qs[0] is None else np.stack(br.qs[:want])
+            return LookupResult("partial", Draft(tuple(br.tokens[:want]), q, "prespec", tuple(br.cands[:want])))
         t0 = time.perf_counter()
         try:
-            draft = self.drafter.extend(history, br.tokens, br.qs, br.cands, k=k, source="prespec")
+            draft = self.drafter.extend(history, br.tokens, br.qs, br.cands, k=want, source="prespec")
         finally:
             self._busy(t0)
         return LookupResult("partial", draft)

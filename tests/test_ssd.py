@@ -108,6 +108,35 @@ def test_policy_window_grows_with_hits_and_shrinks_with_misses():
     assert pol.fanout == 1
 
 
+CPU_CURVE = [163.0, 268.0, 338.0, 259.0, 368.0]  # ms of a 1..5-token target decode, measured on this project's CPU
+
+
+def _policy(alpha: float, curve=CPU_CURVE, draft_step: float = 85.0) -> PrespecPolicy:
+    pol = PrespecPolicy(PrespecConfig(), k=3, step_ms=curve[0] if curve else None, verify_curve=curve)
+    for a in pol.alpha:
+        a.value = alpha
+    pol.costs.draft_step_ms.value = draft_step
+    return pol
+
+
+def test_plan_round_on_a_cpu_curve_verifies_nothing_or_a_batch_of_four():
+    assert _policy(0.95).plan_round(ready=3, k=3) == 3      # prepared and likely: verify all
+    assert _policy(0.95).plan_round(ready=0, k=3) == 3      # likely enough to draft all just in time
+    assert _policy(0.3).plan_round(ready=3, k=3) == 0       # unlikely: one plain step beats any batch
+    assert _policy(0.6).plan_round(ready=0, k=3) == 0       # drafting 3 first costs more than it brings
+    assert _policy(0.6).plan_round(ready=3, k=3) == 3       # ... but free drafts in a 1.6-step batch pay
+    # 2 tokens cost more than 4 on this curve: never verify 1 or 2 when 3 are ready
+    assert all(_policy(a).plan_round(ready=3, k=3) in (0, 3) for a in (0.1, 0.4, 0.5, 0.7, 0.9))
+
+
+def test_plan_round_without_a_curve_is_flat_until_a_step_is_timed():
+    pol = _policy(0.5, curve=None)
+    pol.costs.verify_ms.value = 100.0
+    assert pol.plan_round(ready=3, k=3) == 3                # flat: more tokens per verify is free
+    pol.observe_costs(0, 40.0, None)                        # a plain step took 40 ms, a verify 100
+    assert pol.plan_round(ready=0, k=3) == 0
+
+
 def test_outcome_probabilities_sum_to_one_and_follow_acceptance():
     pol = PrespecPolicy(PrespecConfig(), k=3)
     for a in pol.alpha:
