@@ -17,8 +17,11 @@ PROMPT = [3, 9, 4, 17, 2]
 def engine(disagree_every: int) -> Engine:
     cfg = EngineConfig.build(target=dict(path="fake-target"), draft=dict(path="fake-draft"), n_ctx=512, mode="auto")
     target, draft = FakeModel("target"), FakeModel("draft", disagree_every=disagree_every)
-    draft_ctx = FakeContext(draft, n_ctx=1024, n_seq_max=cfg.prespec.fanout_max + 1)
-    return Engine.from_parts(cfg, target, FakeContext(target), draft, draft_ctx)
+    # decodes as slow as profile() says, 20 times faster: ssd's round planner weighs the times it measures
+    draft_ctx = FakeContext(draft, n_ctx=1024, n_seq_max=cfg.prespec.fanout_max + 1,
+                            decode_delay=lambda n: (10 + 5 * (n - 1)) / 20_000)
+    return Engine.from_parts(cfg, target, FakeContext(target, decode_delay=lambda n: (170 + 20 * (n - 1)) / 20_000),
+                             draft, draft_ctx)
 
 
 def profile(alpha: float, hit: float) -> Profile:
