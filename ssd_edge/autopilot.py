@@ -13,9 +13,12 @@ estimates, each blended with the profile's probe value as if that value were
 
 Every `every` rounds, if an estimate moved by more than `drift` from what the
 current choice assumed, the profile's expected-throughput model is asked again.
-Each candidate is priced over the tokens still to come, plus what switching to
-it costs: a draft model that sat idle (ar, lookup) must first read the history
-it missed. The engine switches only when that saves more than `hysteresis` of
+Each candidate is priced over the tokens still to come, at its expected rate
+times what its mode measured against the model earlier in this generation (the
+model knows nothing of Python overheads or the draft thread's share of the
+GIL; a plan whose measured speed drifts is re-decided too), plus what switching
+to it costs: a draft model that sat idle (ar, lookup) must first read the
+history it missed. The engine switches only when that saves more than `hysteresis` of
 the time left; `ar` stays preferred unless another plan beats it by AR_MARGIN.
 
 Watching: when the best plan depends on this prompt's acceptance (the draft
@@ -44,6 +47,8 @@ from .events import Round
 from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, PESSIMISTIC_ALPHA, Acceptance, Choice, Profile, expected_hit_rate, pick
 
 log = logging.getLogger(__name__)
+
+MIN_SPEED_TOKENS = 8  # tokens a plan must have made before its measured speed corrects the model
 
 
 @dataclass
@@ -142,6 +147,11 @@ class Autopilot:
     draft_seen: int = 0         # history tokens the draft model has read (it reads none in ar/lookup)
     watching: bool = False      # the current plan (ar) only measures; decide at the first check
     watched: bool = False       # this generation began by watching
+    # measured / expected tokens per second, per mode, from the rounds it ran (the model's error here)
+    speed: dict[str, float] = field(default_factory=dict)
+    _plan_ms: float = 0.0       # wall time and tokens of the current plan's rounds (its first round,
+    _plan_tokens: int = 0       # which pays for the switch, and the watch, left out)
+    _plan_rounds: int = 0
 
     def __post_init__(self) -> None:
         p, w = self.profile.acceptance, self.prior_weight
@@ -231,13 +241,17 @@ class Autopilot:
             self.hits += rnd.prespec == "hit"
             self.lookups += 1
         self.ngram.add(*self.shadow.settle(history))
+        if not self.watching and self._plan_rounds:
+            self._plan_ms += rnd.wall_ms
+            self._plan_tokens += rnd.accepted + 1
+        self._plan_rounds += 1
         self.rounds += 1
         return self._decide(len(history), remaining) if self.rounds % self.every == 0 else None
 
     def report(self) -> dict:
         """For the FinishEvent's stats: what ran, what it assumed, and when it switched."""
         c = self.choice
-        return {"mode": c.mode, "k": c.k, "watched": self.watched, "target_threads": c.target_threads, "draft_threads": c.draft_threads,
+        return {"mode": c.mode, "k": c.k, "watched": self.watched, "speed": dict(self.speed), "target_threads": c.target_threads, "draft_threads": c.draft_threads,
                 "window": c.window, "expected_tokens_per_s": c.expected_tokens_per_s,
                 "live": self.live().model_dump(), "switches": [list(x) for x in self.switches]}
 
@@ -247,7 +261,16 @@ class Autopilot:
         hit_moved = abs(live.hit_rate - old.hit_rate) if live.hit_rate is not None and old.hit_rate is not None else 0.0
         moved = max(abs(live.alpha - old.alpha), hit_moved,
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
-        if (moved <= self.drift and not self.watching) or remaining < 2:
+        speed_moved = False
+        if self._plan_tokens >= MIN_SPEED_TOKENS:  # how the current plan runs against what the model said
+            m = self.choice.mode
+            expected = next((c.expected_tokens_per_s for c in self.profile.rates(self.config, live)
+                             if _same_plan(c, self.choice)), None)
+            if expected:
+                factor = min(max(self._plan_tokens * 1000.0 / self._plan_ms / expected, 0.5), 1.5)
+                speed_moved = abs(factor - self.speed.get(m, 1.0)) > self.drift
+                self.speed[m] = factor
+        if (moved <= self.drift and not self.watching and not speed_moved) or remaining < 2:
             return None
         self.watching = False
         costs = {c.split: c for c in self.profile.costs}
@@ -259,7 +282,8 @@ class Autopilot:
                 t += costs[(c.target_threads, c.draft_threads)].catch_up_ms(max(0, history_len - self.draft_seen))
             return t
 
-        rates = self.profile.rates(self.config, live)
+        rates = [c.model_copy(update=dict(expected_tokens_per_s=c.expected_tokens_per_s * self.speed.get(c.mode, 1.0)))
+                 for c in self.profile.rates(self.config, live)]
         best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
         keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis)
@@ -272,6 +296,7 @@ class Autopilot:
             return None
         self.choice = best
         self.switches.append((self.rounds, best.mode, best.k))
+        self._plan_ms, self._plan_tokens, self._plan_rounds = 0.0, 0, 0
         return best
 
 

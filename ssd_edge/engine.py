@@ -511,8 +511,12 @@ class Engine:
                             (t_verify - t_round) * 1e3)
                 strategy.observe(prop, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1))
                 meter.record(rnd, len(new))
-                if pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None \
-                        and reason is None:
+                switch = pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None
+                if shadow is not None and not switch and not pilot.watching:  # the watch chose to stay in ar:
+                    shadow.stop()                                            # the target decodes alone again
+                    pilot.draft_read(len(self.draft_kv.tokens))
+                    shadow = None
+                if switch and reason is None:
                     if shadow is not None:
                         pilot.draft_read(shadow.settle())
                         shadow = None
