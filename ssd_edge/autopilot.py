@@ -268,7 +268,7 @@ class Autopilot:
                              if _same_plan(c, self.choice)), None)
             if expected:
                 factor = min(max(self._plan_tokens * 1000.0 / self._plan_ms / expected, 0.5), 1.5)
-                speed_moved = abs(factor - self.speed.get(m, 1.0)) > self.drift
+                speed_moved = m in self.speed and abs(factor - self.speed[m]) > self.drift
                 self.speed[m] = factor
         if (moved <= self.drift and not self.watching and not speed_moved) or remaining < 2:
             return None
@@ -282,7 +282,10 @@ class Autopilot:
                 t += costs[(c.target_threads, c.draft_threads)].catch_up_ms(max(0, history_len - self.draft_seen))
             return t
 
-        rates = [c.model_copy(update=dict(expected_tokens_per_s=c.expected_tokens_per_s * self.speed.get(c.mode, 1.0)))
+        # A mode not yet run here is assumed to miss the model as the ones that ran did (all pay the
+        # same per-round overheads), so measuring one mode never flatters the others.
+        usual = sum(self.speed.values()) / len(self.speed) if self.speed else 1.0
+        rates = [c.model_copy(update=dict(expected_tokens_per_s=c.expected_tokens_per_s * self.speed.get(c.mode, usual)))
                  for c in self.profile.rates(self.config, live)]
         best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
