@@ -76,6 +76,8 @@ class PrespecConfig(_Strict):
     saguaro_factor: float = Field(default=1.0, gt=0.0, le=1.0,
                                   description="SAGUARO sampling: scale of the draft's top candidates in q (1 = off)")
     saguaro_top: int = Field(default=2, ge=1, le=16, description="how many draft candidates SAGUARO down-weights")
+    plan_rounds: bool = Field(default=True, description="verify 0..k draft tokens per round, whichever is expected "
+                              "fastest on this device (off: always k, as in sd)")
 
 
 class EngineConfig(_Strict):

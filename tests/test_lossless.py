@@ -54,7 +54,7 @@ MODES = {
     "lookup": ("lookup", {}),
     "ssd": ("ssd", {}),
     "ssd-budget4": ("ssd", {"budget_cells": 4}),
-    "ssd-budget0": ("ssd", {"budget_cells": 0}),
+    "ssd-budget0": ("ssd", {"budget_cells": 0, "plan_rounds": False}),  # no branches, always k: sd through ssd's code
 }
 BUDGET_PROMPTS = [p for p in PROMPTS if p.name in ("fibonacci", "lighthouse", "chat_code")]
 
