@@ -177,7 +177,7 @@ class PrespecPolicy:
             (1 + sum_{i=1..m} P(first i accepted)) / (verify(m + 1) + max(0, m - ready) * draft_step).
 
         m = 0 is a plain target step (the worker pre-speculates the next round meanwhile). On a
-        CPU, where verifying 4 tokens costs 1.5 steps and 2 tokens 1.6, it picks 0 or 3.
+        CPU, where verifying 4 tokens costs 1.5 steps and 2 tokens 1.6, it mostly picks 0 or 3.
         With plan_rounds off: always k."""
         if not self.cfg.plan_rounds:
             return k
