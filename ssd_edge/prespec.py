@@ -242,7 +242,7 @@ class PrespecWorker:
             return LookupResult("hit", Draft(tuple(br.tokens[:n_tok]), q, "prespec", tuple(br.cands[:n_tok])))
         want = self.policy.plan_round(len(br.tokens), k)  # extend just in time only where it pays
         if want <= len(br.tokens):
-            q = None if not br.qs or br.qs[0] is None else np.stack(br.qs[:want])
+            q = None if not want or not br.qs or br.qs[0] is None else np.stack(br.qs[:want])
             return LookupResult("partial", Draft(tuple(br.tokens[:want]), q, "prespec", tuple(br.cands[:want])))
         t0 = time.perf_counter()
         try:

@@ -268,6 +268,21 @@ def test_ssd_sampled_runs_and_stays_in_the_target_support():
     assert len(again.tokens) == 40
 
 
+def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeypatch):
+    # The planner may decide that none of a half-grown branch is worth verifying (it then
+    # takes a plain step); with sampling there are no q rows to stack. Found by the soak test.
+    from ssd_edge.config import SamplingConfig
+    from ssd_edge.policy import PrespecPolicy
+
+    monkeypatch.setattr(PrespecPolicy, "plan_round", lambda self, ready, k: k if ready >= k else 0)
+    eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
+    out = run(eng, "ssd", n=30)
+    assert out.tokens == run(eng, "ar", n=30).tokens
+    assert out.stats["prespec"]["partial_hits"] > 0 and out.stats["speculators"].get("none", 0) > 0
+    s = SamplingConfig(temperature=0.8, seed=3)
+    assert len(eng.complete(tokens=PROMPT, max_tokens=30, mode="ssd", sampling=s).tokens) == 30
+
+
 def test_cancel_stops_ssd_and_leaves_no_thread():
     eng, _ = fake_engine(target_delay=0.01, draft_delay=0.002)
     before = threading.active_count()
