@@ -1,12 +1,13 @@
 """Mode `auto` during a generation: start from the profile's choice, watch the
 live numbers, re-decide when they drift.
 
-The Autopilot sees every round the engine commits. It keeps three live
-estimates, each blended with the profile's probe value as if that value were
-`prior_weight` rounds of evidence:
+The Autopilot sees every round the engine commits. It keeps live estimates,
+each blended with a prior as if that prior were `prior_weight` trials:
 
-    alpha        draft model acceptance, from rounds verified with a model draft
-    hit rate     SSD pre-speculation lookups that hit (before any: alpha^k)
+    alpha        draft model acceptance, from rounds verified with a model draft and
+                 from the draft's guesses while it reads along (below); the prior is
+                 the estimate from the target's confidence (below)
+    hit rate     SSD pre-speculation lookups that hit (prior: alpha^k)
     n-gram       a shadow n-gram drafter asked at the start of every round (it costs
                  microseconds), scored against the tokens the target went on to commit;
                  so prompt lookup's value is known even while another mode runs
@@ -18,21 +19,23 @@ times what its mode measured against the model earlier in this generation (the
 model knows nothing of Python overheads or the draft thread's share of the
 GIL; a plan whose measured speed drifts is re-decided too), plus what switching
 to it costs: a draft model that sat idle (ar, lookup) must first read the
-history it missed. The engine switches only when that saves more than `hysteresis` of
-the time left; `ar` stays preferred unless another plan beats it by AR_MARGIN.
+history it missed. The engine switches only when that saves more than
+`hysteresis` of the time left; `ar` stays preferred unless another plan beats
+it by AR_MARGIN.
 
 Watching: when the best plan depends on this prompt's acceptance (the draft
-pays on predictable text and not on the rest), the generation starts in `ar` (never slower
-than plain decoding) while the draft reads the prompt on its own cores, and
-decides at the first check. While no model draft runs, the draft's acceptance
-is estimated from the target's own confidence: the mean top-1 probability of
-the tokens it commits, times how well that confidence has predicted the real
-acceptance in this generation's draft rounds (1 until there were any).
+pays on predictable text and not on the rest), the generation starts in `ar`
+(never slower than plain decoding) and decides at the first check. The
+draft's acceptance is then estimated from the target's own confidence: the
+mean top-1 probability of the tokens it commits, times how well that
+confidence has predicted the real acceptance in this generation's draft
+rounds (1 until there were any).
 Measured on 12 prompts of the suite (scripts/confidence_vs_acceptance.py),
 the mean top-1 probability came within 0.1 of the draft's acceptance on each.
 Where the two models fit on the cores side by side, the draft also reads along
 during the watch and guesses each next token (engine._Shadow): every guess is
-a real trial of its acceptance, and the switch finds it caught up.
+a real trial of its acceptance, and a switch into sd/ssd finds it caught up.
+If the watch settles on ar, the read-along stops and the target runs alone.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from typing import Sequence
 from .config import EngineConfig
 from .drafters import NgramDrafter
 from .events import Round
-from .profile import AR_MARGIN, OPTIMISTIC_ALPHA, PESSIMISTIC_ALPHA, Acceptance, Choice, Profile, expected_hit_rate, pick
+from .profile import (AR_MARGIN, OPTIMISTIC_ALPHA, PESSIMISTIC_ALPHA, Acceptance, Choice, Profile,
+                      expected_hit_rate, pick)
 
 log = logging.getLogger(__name__)
 
