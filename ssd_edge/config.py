@@ -44,7 +44,7 @@ class SamplingConfig(_Strict):
 
 class SpecConfig(_Strict):
     # 3, not 4: on a CPU llama.cpp multiplies quantized weights four rows at a time, so verifying 4
-    # tokens costs about 1.5 single steps there and 5 tokens about 2.1 (the calibration profile
+    # tokens costs about 1.5 single steps there and 5 tokens about 2.2 (the calibration profile
     # measures it per device; see README "Performance").
     k: int = Field(default=3, ge=1, le=32, description="draft tokens per round (--draft-max)")
     k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
