@@ -265,11 +265,11 @@ class Autopilot:
         hit_moved = abs(live.hit_rate - old.hit_rate) if live.hit_rate is not None and old.hit_rate is not None else 0.0
         moved = max(abs(live.alpha - old.alpha), hit_moved,
                     abs(live.ngram_alpha - old.ngram_alpha), abs(live.ngram_proposal_rate - old.ngram_proposal_rate))
+        modelled = self.profile.rates(self.config, live)
         speed_moved = False
         if self._plan_tokens >= MIN_SPEED_TOKENS:  # how the current plan runs against what the model said
             m = self.choice.mode
-            expected = next((c.expected_tokens_per_s for c in self.profile.rates(self.config, live)
-                             if _same_plan(c, self.choice)), None)
+            expected = next((c.expected_tokens_per_s for c in modelled if _same_plan(c, self.choice)), None)
             if expected:
                 factor = min(max(self._plan_tokens * 1000.0 / self._plan_ms / expected, 0.5), 1.5)
                 speed_moved = m in self.speed and abs(factor - self.speed[m]) > self.drift
@@ -290,7 +290,7 @@ class Autopilot:
         # same per-round overheads), so measuring one mode never flatters the others.
         usual = sum(self.speed.values()) / len(self.speed) if self.speed else 1.0
         rates = [c.model_copy(update=dict(expected_tokens_per_s=c.expected_tokens_per_s * self.speed.get(c.mode, usual)))
-                 for c in self.profile.rates(self.config, live)]
+                 for c in modelled]
         best = pick(rates, time_left_ms, AR_MARGIN)
         now = next((c for c in rates if _same_plan(c, self.choice)), None)
         keep = now is not None and time_left_ms(best) >= time_left_ms(now) * (1 - self.hysteresis)

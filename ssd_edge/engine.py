@@ -33,7 +33,7 @@ from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, StopReason, TokenEvent
 from .kvseq import Cancelled, KVSeq
 from .metrics import Meter
-from .policy import PrespecPolicy
+from .policy import Ema, PrespecPolicy
 from .prespec import PrespecWorker
 from .sampling import probs
 from .verify import verify_greedy, verify_sampled
@@ -305,7 +305,7 @@ class Engine:
         self._lock = threading.Lock()
         self._worker: PrespecWorker | None = None
         self.profile = None  # a calibration profile (profile.Profile), for mode auto; loaded on first use
-        self._step_ms: dict[int, float] = {}  # target threads -> ms of a one-token target step (a running mean)
+        self._step_ms: dict[int, Ema] = {}  # target threads -> ms of a one-token target step (a running mean)
         self._profile_looked_up = False
 
     # ------------------------------------------------------------ settings
@@ -475,8 +475,7 @@ class Engine:
                 verify_s = time.perf_counter() - t_verify
                 meter.target_busy.add(verify_s)
                 if not draft.tokens and len(history) > len(prompt):  # a plain step (not the prompt's prefill)
-                    old = self._step_ms.get(cfg.target.threads, verify_s * 1e3)
-                    self._step_ms[cfg.target.threads] = old + 0.2 * (verify_s * 1e3 - old)
+                    self._step_ms.setdefault(cfg.target.threads, Ema(None)).add(verify_s * 1e3)
                 if s.greedy:
                     a, b = verify_greedy(draft.tokens, rows.argmax(axis=1))
                 else:
@@ -556,7 +555,7 @@ class Engine:
     def _plain_step_ms(self, threads: int) -> float | None:
         """One target step's cost at `threads`: as timed in earlier rounds, else from the profile."""
         if threads in self._step_ms:
-            return self._step_ms[threads]
+            return self._step_ms[threads].value
         curve = self._verify_curve(threads)
         return curve[0] if curve else None
 

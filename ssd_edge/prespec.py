@@ -92,6 +92,12 @@ class Branch:
     cells: int = 0            # KV cells this branch holds beyond the shared prefix
     done: bool = False
 
+    def draft(self, n: int) -> Draft:
+        """Its first n drafted tokens (at most what it has), with their q rows and candidates."""
+        n = min(n, len(self.tokens))
+        q = None if not n or self.qs[0] is None else np.stack(self.qs[:n])
+        return Draft(tuple(self.tokens[:n]), q, "prespec", tuple(self.cands[:n]))
+
 
 class SpeculationCache:
     """(a, b) -> Branch, with the cells they hold."""
@@ -237,13 +243,10 @@ class PrespecWorker:
         self.drafter.kv = kv
         self.meter.used_tokens += min(len(br.tokens), k)
         if br.done or len(br.tokens) >= k:
-            n_tok = min(len(br.tokens), k)
-            q = None if not br.qs or br.qs[0] is None else np.stack(br.qs[:n_tok])
-            return LookupResult("hit", Draft(tuple(br.tokens[:n_tok]), q, "prespec", tuple(br.cands[:n_tok])))
+            return LookupResult("hit", br.draft(k))
         want = self.policy.plan_round(len(br.tokens), k)  # extend just in time only where it pays
         if want <= len(br.tokens):
-            q = None if not want or not br.qs or br.qs[0] is None else np.stack(br.qs[:want])
-            return LookupResult("partial", Draft(tuple(br.tokens[:want]), q, "prespec", tuple(br.cands[:want])))
+            return LookupResult("partial", br.draft(want))
         t0 = time.perf_counter()
         try:
             draft = self.drafter.extend(history, br.tokens, br.qs, br.cands, k=want, source="prespec")
