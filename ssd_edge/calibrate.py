@@ -23,15 +23,16 @@ import os
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from . import profile as prof
-from .autopilot import NgramShadow, _Geometric
 from .config import EngineConfig
 from .drafters import NgramDrafter
 from .engine import Engine
 from .errors import ConfigError, SSDEdgeError
 from .events import FinishEvent
+from .planner import NgramShadow
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,30 @@ PROBE = [
 PREFIX_TOKENS = 64  # cost is measured after this much context, like a short prompt
 
 Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
+
+
+@dataclass
+class _Trials:
+    """Per-token acceptance counted as trials: each drafted token the target reached is a success
+    (accepted) or the one failure that ends the draft. The maximum-likelihood alpha of a capped
+    geometric is successes / (successes + failures); the prior counts as `weight` trials."""
+
+    prior: float
+    weight: float
+    successes: int = 0
+    failures: int = 0
+
+    def add(self, successes: int, failures: int) -> None:
+        self.successes += successes
+        self.failures += failures
+
+    def add_round(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.add(accepted, int(accepted < drafted))
+
+    @property
+    def value(self) -> float:
+        return (self.successes + self.weight * self.prior) / (self.successes + self.failures + self.weight)
 
 
 def thread_options(cores: int) -> list[int]:
@@ -166,10 +191,10 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     cfg = engine.config
     engine.target_ctx.set_threads(threads)
     engine.draft_ctx.set_threads(threads)
-    draft = _Geometric(0.0, 0.0)   # trials: accepted draft tokens, and rounds ended by a rejection
+    draft = _Trials(0.0, 0.0)   # trials: accepted draft tokens, and rounds ended by a rejection
     # The probe's answers rarely repeat text, so its n-gram estimate rests on a handful of proposals:
     # shrink it toward a modest prior (10 trials at 0.3) rather than trust a lucky streak.
-    ngram = _Geometric(0.3, 10.0)
+    ngram = _Trials(0.3, 10.0)
     asked = proposed = lookups = hits = 0
     sampling = cfg.sampling.model_copy(update=dict(temperature=0.0, seed=0))
     old_k = cfg.spec.k
@@ -184,7 +209,7 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
                 if isinstance(ev, FinishEvent):
                     break
                 asked += 1
-                proposed += shadow.ask(history)
+                proposed += bool(shadow.ask(history))
                 history.extend(ev.tokens)
                 draft.add_round(ev.round.drafted, ev.round.accepted)
                 ngram.add(*shadow.settle(history))

@@ -60,7 +60,9 @@ capitals, dashes as underscores: SSD_EDGE_CTX_SIZE, SSD_EDGE_MODE, SSD_EDGE_THRE
 keys named like the long flags, e.g. ctx-size = 8192); the defaults.
 
 [bold]Threads[/] by default: in ssd mode draft and target decode at the same time, so the cores are split \
-(2 cores: target 1 + draft 1; 4: 3 + 1; 8: 6 + 2); in ar, sd and lookup each model gets all cores.
+(2 cores: target 1 + draft 1; 4: 3 + 1; 8: 6 + 2); in ar, sd and lookup each model gets all cores. auto \
+splits them only where the draft running beside the target pays (4 cores or more, or as the calibration \
+profile measured); on fewer the two models take turns, each with every core.
 
 [bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 4 fetch error · \
 5 context full · 6 decode error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""

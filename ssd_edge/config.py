@@ -85,7 +85,7 @@ class EngineConfig(_Strict):
     draft: ModelConfig | None = None
     n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
     n_batch: int = Field(default=512, ge=8, le=1 << 16)
-    mode: Mode = "ssd"
+    mode: Mode = "auto"
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     spec: SpecConfig = Field(default_factory=SpecConfig)
     prespec: PrespecConfig = Field(default_factory=PrespecConfig)
@@ -121,11 +121,15 @@ def usable_cores() -> int:
 
 def split_threads(mode: str, has_draft: bool, cores: int, target: int | None = None, draft: int | None = None
                   ) -> tuple[int, int]:
-    """(target, draft) threads for a mode. In ssd (and auto, which starts as ssd) draft and
-    target decode at the same time, so the cores are split, the target getting the larger
-    share: 2 cores -> 1 + 1, 4 -> 3 + 1, 8 -> 6 + 2. Elsewhere they take turns (sd) or the
-    target runs alone (ar, lookup), so each gets all cores. Given counts are kept."""
-    if mode in ("ssd", "auto") and has_draft:
+    """(target, draft) threads for a mode. In ssd draft and target decode at the same time, so the
+    cores are split, the target getting the larger share: 2 cores -> 1 + 1, 4 -> 3 + 1, 8 -> 6 + 2.
+    auto splits them the same way only where the target keeps most of its compute (4 cores or
+    more; with a calibration profile the engine decides from measurements instead): on fewer, the
+    two models alternating with every core each beat them running side by side. Elsewhere they
+    take turns (sd) or the target runs alone (ar, lookup), so each gets all cores. Given counts
+    are kept."""
+    concurrent = has_draft and (mode == "ssd" or (mode == "auto" and cores >= 4))
+    if concurrent:
         if target is None:
             d = draft if draft is not None else max(1, cores // 3)
             return max(1, cores - d), d

@@ -14,9 +14,10 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .config import SamplingConfig
-from .kvseq import KVSeq
+from .coupling import gumbel_pick
+from .kvseq import KVSeq, common_prefix
 from .metrics import BusyClock
-from .sampling import probs, reshape_saguaro, sample
+from .sampling import probs, reshape_saguaro
 
 
 @dataclass(frozen=True)
@@ -108,24 +109,30 @@ def confidence(logits: np.ndarray) -> float:
 
 class ModelDrafter:
     """A draft LLM in its own context (sequence 0 of it). Not thread-safe: one
-    thread drives it at a time (the engine for `sd`, the SSD worker for `ssd`)."""
+    thread drives it at a time (the engine for `sd` and `auto`, the SSD worker for `ssd`).
+
+    Sampled drafts use the generation's coupled noise (coupling.py): the token drafted for
+    position i is argmax(log q + G(seed, i)), the target's own draw there whenever q = p."""
 
     name = "draft"
 
-    def __init__(self, kv: KVSeq, sampling: SamplingConfig, rng: np.random.Generator, p_min: float = 0.0,
+    def __init__(self, kv: KVSeq, sampling: SamplingConfig, seed: int, p_min: float = 0.0,
                  busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0) -> None:
         self.ctx = kv.ctx
         self.kv = kv  # the main sequence; SSD's worker swaps it for a branch on a hit
         self.sampling = sampling
-        self.rng = rng
+        self.seed = seed
         self.p_min = p_min
         self.busy = busy or BusyClock()
         self.saguaro = (saguaro_top, saguaro_factor)
+        # the last extend(): (history tokens it had not read, ms reading them with the first row,
+        # single draft steps after that, their ms); for the round planner's draft costs
+        self.timing: tuple[int, float, int, float] | None = None
 
-    def pick(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
-        """Choose a draft token from one logit row: (token, q row or None)."""
+    def pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray | None]:
+        """Choose the draft token for sequence position `position` from one logit row: (token, q row or None)."""
         q = draft_probs(logits, self.sampling, *self.saguaro)
-        return (int(np.argmax(logits)) if q is None else sample(q, self.rng)), q
+        return (int(np.argmax(logits)) if q is None else gumbel_pick(q, self.seed, position)), q
 
     def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None) -> Draft:
         t0 = time.perf_counter()
@@ -142,11 +149,16 @@ class ModelDrafter:
                source: str = "draft") -> Draft:
         """Continue a draft (tokens, their q rows and candidates) that follows `history` until it has k tokens."""
         toks, qs, cands = list(tokens), list(qs), list(cands)
-        row = self.kv.feed(list(history) + toks, 1, cancelled)[0]
+        full = list(history) + toks
+        unread = max(0, len(full) - common_prefix(self.kv.tokens, full) - 1)
+        t0 = time.perf_counter()
+        row = self.kv.feed(full, 1, cancelled)[0]
+        t1 = time.perf_counter()
+        steps = 0
         while len(toks) < k:
             if self.p_min > 0 and confidence(row) < self.p_min:
                 break
-            t, q = self.pick(row)
+            t, q = self.pick(row, len(self.kv.tokens))
             toks.append(t)
             qs.append(q)
             cands.append(top_candidates(row, self.cand_temperature()))
@@ -154,5 +166,7 @@ class ModelDrafter:
                 break
             row = self.ctx.decode([t], [len(self.kv.tokens)], [self.kv.seq], [0])[0]
             self.kv.tokens.append(t)
+            steps += 1
+        self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
         q = None if self.sampling.greedy or not qs else np.stack(qs)
         return Draft(tuple(toks), q, source, tuple(cands))

@@ -7,11 +7,13 @@ Modes:  ar      the target alone, one token per step
         sd      the draft model drafts k tokens, the target verifies them in one batch
         lookup  the n-gram drafter (no model) drafts, the target verifies
         ssd     sd, plus pre-speculation of the next round while the target verifies (prespec.py)
-        auto    chosen from the device's calibration profile (calibrate.py)
+        auto    each round, whichever of a plain step, the n-gram lookup, a draft or a
+                pre-speculated branch is expected fastest (planner.py); the default
 
-Every mode emits exactly the target's distribution; greedy (temperature 0)
-emits exactly the target's greedy tokens (up to near-ties between batched and
-one-token logits; see tests/test_lossless.py).
+Every mode emits exactly the target's tokens: its greedy tokens at temperature 0,
+and when sampling, its coupled draws (coupling.py), which follow its distribution
+and are the same for the same seed in every mode (up to near-ties between batched
+and one-token logits; see tests/test_lossless.py).
 """
 
 from __future__ import annotations
@@ -24,19 +26,20 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .autopilot import Autopilot
-from .backend import Aborted, Context, Model, TextStream, check_same_vocab
+from .backend import Context, Model, TextStream, check_same_vocab, gpu_offload_supported
 from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, StopReason, TokenEvent
-from .kvseq import Cancelled, KVSeq
+from .coupling import fresh_seed, gumbel_picks
+from .kvseq import Cancelled, KVSeq, common_prefix
 from .metrics import Meter
 from .policy import Ema, PrespecPolicy
+from .planner import Decision, Offer, Planner
 from .prespec import PrespecWorker
 from .sampling import probs
-from .verify import verify_greedy, verify_sampled
+from .verify import verify_greedy
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,11 @@ class Proposal(NamedTuple):
     prespec: str | None      # SSD lookups: hit, partial, miss
 
 
+class _Committed(NamedTuple):
+    tokens: list[int]
+    reason: StopReason | None  # why the generation ends after this round, if it does
+
+
 @dataclass(frozen=True)
 class Completion:
     text: str
@@ -59,16 +67,24 @@ class Completion:
 
 
 # ---------------------------------------------------------------- speculation strategies
+#
+# A strategy makes each round's proposal. The fixed modes always propose the same way; `auto`
+# (_Planned) asks the round planner which proposer serves this round. Every strategy's proposal is
+# verified the same way in Engine._run, so none of them can change what the target commits.
 
 class _Plain:
     state = "ar"
 
-    def propose(self, history: list[int], k: int) -> Proposal:
+    def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
         return Proposal(EMPTY, "none", None)
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None: ...
 
-    def observe(self, proposal: Proposal, accepted: int, verify_s: float, draft_s: float, ms_per_token: float) -> None: ...
+    def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,
+                ms_per_token: float, top1: np.ndarray) -> None: ...
+
+    def report(self) -> dict[str, Any] | None:
+        return None
 
     def close(self) -> None: ...
 
@@ -79,7 +95,7 @@ class _Lookup(_Plain):
     def __init__(self, ngram: NgramDrafter) -> None:
         self.ngram = ngram
 
-    def propose(self, history: list[int], k: int) -> Proposal:
+    def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
         return Proposal(self.ngram.propose(history, k), "ngram", None)
 
 
@@ -90,12 +106,12 @@ class _Draft(_Plain):
         self.drafter = drafter
         self.cancelled = cancelled
 
-    def propose(self, history: list[int], k: int) -> Proposal:
+    def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
         return Proposal(self.drafter.propose(history, k, self.cancelled), "draft", None)
 
 
 class _SSD(_Plain):
-    """Pre-speculation with a draft-model primary and an n-gram backup."""
+    """Pre-speculation with a draft-model primary and an n-gram backup (fixed mode ssd)."""
 
     def __init__(self, worker: PrespecWorker, policy: PrespecPolicy, ngram: NgramDrafter, meter: Meter) -> None:
         self.worker = worker
@@ -107,11 +123,13 @@ class _SSD(_Plain):
     def state(self) -> str:
         return "ssd" if self.policy.state == "ssd" else self.policy.state
 
-    def propose(self, history: list[int], k: int) -> Proposal:
-        res = self.worker.lookup(history, k)  # a partial is extended as far as plan_round says
+    def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
+        res = self.worker.lookup(history, k)
         if res.status in ("hit", "partial"):
             self.policy.observe_lookup(res.status)
-            draft = res.draft.head(self.policy.plan_round(len(res.draft), k))
+            ready = k if res.finished else len(res.draft)  # a branch --draft-p-min ended counts as complete
+            m = self.policy.plan_round(ready, k)
+            draft = res.draft.head(m) if res.finished or m <= len(res.draft) else self.worker.extend(history, m)
             return Proposal(draft if len(draft) else EMPTY, "prespec" if len(draft) else "none", res.status)
         if res.status == "miss":
             self.policy.observe_lookup("miss")
@@ -127,88 +145,93 @@ class _SSD(_Plain):
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
         self.worker.verifying(history, draft, k_next)
 
-    def observe(self, proposal: Proposal, accepted: int, verify_s: float, draft_s: float, ms_per_token: float) -> None:
-        d = len(proposal.draft)
-        self.policy.observe_verify(d, accepted, proposal.speculator)
-        self.policy.observe_costs(d, verify_s * 1e3, draft_s * 1e3 / d if proposal.speculator == "draft" and d else None)
+    def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,
+                ms_per_token: float, top1: np.ndarray) -> None:
+        d = len(prop.draft)
+        self.policy.observe_verify(d, accepted, prop.speculator)
+        self.policy.observe_costs(d, verify_s * 1e3, draft_s * 1e3 / d if prop.speculator == "draft" and d else None)
         self.policy.observe_round(ms_per_token)
-        self.meter.state = "backup" if proposal.speculator == "ngram" else self.state
+        self.meter.state = "backup" if prop.speculator == "ngram" else self.state
 
     def close(self) -> None:
         self.worker.close()
 
 
-class _Shadow:
-    """The draft model reading along on its own thread while the target decodes alone (auto's
-    watch): it reads the prompt, then each committed token, and guesses the next one, so the
-    draft's real acceptance is measured at no cost to the target, and a switch into sd/ssd
-    finds the draft caught up. llama_decode releases the GIL."""
+class _Planned(_Plain):
+    """Mode auto: each round the planner (planner.py) picks among a plain step, the n-gram lookup,
+    a just-in-time draft and, where the draft runs beside the target, a pre-speculated branch.
+    A round's mode says which served it: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
 
-    def __init__(self, kv: KVSeq, prompt: list[int], cancel: threading.Event) -> None:
-        self.kv = kv
-        self.cancel = cancel
-        self.guesses: dict[int, int] = {}   # position -> the draft's greedy token there
-        self._want: list[int] | None = list(prompt)
-        self._cond = threading.Condition()
-        self._busy = False
-        self._closed = False
-        self.thread = threading.Thread(target=self._run, name="ssd-edge-draft-shadow", daemon=True)
-        self.thread.start()
+    SERVED = {"plain": "ar", "ngram": "lookup", "draft": "sd", "prepared": "ssd"}
 
-    def push(self, history: Sequence[int]) -> None:
-        """The history now committed; the shadow reads it when free (intermediate ones are skipped)."""
-        with self._cond:
-            self._want = list(history)
-            self._cond.notify()
+    def __init__(self, planner: Planner, drafter: ModelDrafter | None, worker: PrespecWorker | None,
+                 cancelled: Callable[[], bool], meter: Meter) -> None:
+        self.planner = planner
+        self.drafter = drafter
+        self.worker = worker
+        self.cancelled = cancelled
+        self.meter = meter
+        self.decision: Decision | None = None
+        self.prefilled = False  # the first round reads the prompt: a plain step, every core on it
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._want is None and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                want, self._want = self._want, None
-                self._busy = True
-            try:
-                row = self.kv.feed(want, 1, self.cancel.is_set)
-                self.guesses[len(want)] = int(row[-1].argmax())
-            except (Cancelled, Aborted):
-                pass
-            except Exception:  # only an optimisation: a switch into sd/ssd reads the history again
-                log.exception("the draft model could not read along")
-                with self._cond:
-                    self._closed = True
-            finally:
-                with self._cond:
-                    self._busy = False
-                    self._cond.notify_all()
+    @property
+    def state(self) -> str:
+        return self.SERVED[self.decision.kind] if self.decision is not None else "ar"
 
-    def guess(self, position: int) -> int | None:
-        return self.guesses.pop(position, None)
+    def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
+        if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile
+            self.decision = None
+            return Proposal(EMPTY, "none", None)
+        ngram = self.planner.ask_ngram(history)
+        lookup = self.worker.lookup(history, k) if self.worker is not None else None
+        status = lookup.status if lookup is not None and lookup.status != "none" else None
+        if status is not None:
+            self.worker.policy.observe_lookup(status)  # the worker's window and rollback follow its hit rate
+        hit = lookup is not None and lookup.status in ("hit", "partial")
+        kv = self.drafter.kv if self.drafter is not None else None
+        unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
+        offer = Offer(k, remaining, ngram=len(ngram), draft=self.drafter is not None, draft_unread=unread,
+                      prepared=len(lookup.draft) if hit else None, prepared_done=hit and lookup.finished)
+        d = self.decision = self.planner.plan(offer)
+        if d.kind == "plain":
+            return Proposal(EMPTY, "none", status)
+        if d.kind == "ngram":
+            return Proposal(Draft(ngram[:d.m], None, "ngram"), "ngram", status)
+        if d.kind == "prepared":
+            done = lookup.finished or d.m <= len(lookup.draft)  # a finished branch verifies min(m, its length)
+            draft = lookup.draft.head(d.m) if done else self.worker.extend(history, d.m)
+            return Proposal(draft, "prespec", status)
+        if self.worker is not None:
+            return Proposal(self.worker.draft_now(history, d.m), "draft", status)
+        return Proposal(self.drafter.propose(history, d.m, self.cancelled), "draft", status)
 
-    def settle(self) -> int:
-        """Wait until the latest history is read and stop; the number of tokens the draft holds."""
-        with self._cond:
-            while (self._want is not None or self._busy) and not self._closed:
-                self._cond.wait()
-            self._closed = True
-            self._cond.notify_all()
-        self.thread.join()
-        return len(self.kv.tokens)
+    def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
+        if self.worker is not None:
+            self.worker.verifying(history, draft, k_next)
 
-    def stop(self) -> None:
-        """Abandon the reading (the generation ended): abort the decode in flight."""
-        abort = getattr(self.kv.ctx, "abort", None)  # the tests' fake contexts have none
-        with self._cond:
-            self._closed = True
-            self._want = None
-            self._cond.notify_all()
-            if abort is not None and self._busy:
-                abort.set()
-        self.thread.join()
-        if abort is not None:
-            abort.clear()
+    def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,
+                ms_per_token: float, top1: np.ndarray) -> None:
+        if not self.prefilled:  # the prompt's prefill: its time says nothing of a step
+            self.prefilled = True
+            self.planner.observe_prefill(top1.tolist())
+            self.planner.observe_history(history)
+            return
+        kind = self.decision.kind if self.decision is not None else "plain"
+        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1.tolist())
+        if self.worker is not None:  # what the worker ranks outcomes by
+            self.worker.policy.observe_verify(len(prop.draft), accepted, prop.speculator)
+            self.worker.policy.observe_round(ms_per_token)
+        self.planner.observe_history(history)
+        if kind == "draft" and self.drafter is not None and self.drafter.timing is not None:
+            self.planner.observe_draft(*self.drafter.timing)
+        self.meter.state = self.state
+
+    def report(self) -> dict[str, Any]:
+        return {**self.planner.report(), "concurrent": self.worker is not None}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
 
 
 def top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
@@ -336,11 +359,8 @@ class Engine:
         return new
 
     def resolve_mode(self, mode: str) -> str:
-        if mode != "auto":
-            return mode
-        if self.auto_profile() is not None:
-            return self.profile.choose(self.config).mode
-        return "ssd" if self.draft is not None else "lookup"
+        """The mode a generation runs: as asked (auto plans each round itself, with or without a draft)."""
+        return mode
 
     def auto_profile(self):
         """This device's calibration profile for the loaded pair (`ssd-edge calibrate`), or None."""
@@ -352,13 +372,28 @@ class Engine:
             except OSError:  # a model without a file (the tests' fakes)
                 self.profile = None
             if self.profile is None:
-                log.info("no calibration profile for this device and pair (run ssd-edge calibrate); "
-                         "auto falls back to %s", "ssd" if self.draft is not None else "lookup")
+                log.info("no calibration profile for this device and pair (ssd-edge calibrate): "
+                         "auto plans from what each generation measures")
         return self.profile
 
     def _threads_for(self, mode: str, cfg: EngineConfig) -> EngineConfig:
-        """cfg with the thread split that suits `mode` on this machine (split_threads)."""
-        t, d = split_threads(mode, self.draft is not None, usable_cores())
+        """cfg with the thread split that suits `mode` on this machine. auto runs the draft beside the
+        target only where the calibration profile says that beats alternating with every core each
+        (without a profile: split_threads's rule of thumb)."""
+        cores = usable_cores()
+        t, d = split_threads(mode, self.draft is not None, cores)
+        prof = self.auto_profile() if mode == "auto" and self.draft is not None else None
+        if prof is not None:
+            full = cfg.model_copy(update={"target": cfg.target.model_copy(update={"threads": cores}),
+                                          "draft": cfg.draft.model_copy(update={"threads": cores})})
+            try:
+                best = prof.choose(full)
+            except ValueError:  # no costs measured at these thread counts
+                best = None
+            if best is not None and best.mode == "ssd" and best.target_threads + best.draft_threads <= cores:
+                t, d = best.target_threads, best.draft_threads
+            elif best is not None:
+                t, d = cores, cores
         update: dict[str, Any] = {"target": cfg.target.model_copy(update={"threads": t})}
         if cfg.draft is not None:
             update["draft"] = cfg.draft.model_copy(update={"threads": d})
@@ -400,75 +435,69 @@ class Engine:
         if len(prompt_ids) >= self.config.n_ctx:
             raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens and does not fit in the context of "
                                    f"{self.config.n_ctx} (raise -c/--ctx-size)")
-        requested = mode or self.config.mode
-        mode = self.resolve_mode(requested)
+        mode = self.resolve_mode(mode or self.config.mode)
         if mode in ("sd", "ssd") and self.draft is None:
             raise ConfigError(f"mode '{mode}' needs a draft model (-md)")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
             yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(),
-                                 sampling or self.config.sampling, auto=requested == "auto")
+                                 sampling or self.config.sampling)
         finally:
             self._lock.release()
 
-    def _strategy(self, mode: str, s: SamplingConfig, rng: np.random.Generator, meter: Meter,
-                  cancelled: Callable[[], bool], cfg: EngineConfig | None = None) -> _Plain:
-        cfg = cfg or self.config
+    def _strategy(self, mode: str, s: SamplingConfig, seed: int, meter: Meter, cancelled: Callable[[], bool],
+                  cfg: EngineConfig) -> _Plain:
         ngram = NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max)
         if mode == "ar":
             return _Plain()
         if mode == "lookup":
             return _Lookup(ngram)
-        assert self.draft_kv is not None
         p = cfg.prespec
-        drafter = ModelDrafter(self.draft_kv, s, rng, cfg.spec.p_min, meter.draft_busy,
-                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
+        drafter = None
+        if self.draft_kv is not None:
+            drafter = ModelDrafter(self.draft_kv, s, seed, cfg.spec.p_min, meter.draft_busy,
+                                   p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
         if mode == "sd":
             return _Draft(drafter, cancelled)
+        if mode == "auto":
+            worker = None
+            if drafter is not None and self.runs_beside(cfg) and p.budget_cells > 0:
+                policy = PrespecPolicy(p, cfg.spec.k, self._plain_step_ms(cfg.target.threads),
+                                       self._verify_curve(cfg.target.threads))
+                worker = self._worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
+            planner = Planner(cfg.spec.k, verify_curve=self._verify_curve(cfg.target.threads),
+                              draft_curve=self._draft_curve(cfg.draft.threads) if cfg.draft else None,
+                              step_ms=self._plain_step_ms(cfg.target.threads), ngram=ngram)
+            return _Planned(planner, drafter, worker, cancelled, meter)
         policy = PrespecPolicy(p, cfg.spec.k, self._plain_step_ms(cfg.target.threads), self._verify_curve(cfg.target.threads))
-        worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
-        self._worker = worker  # for tests and monitoring
+        worker = self._worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
         return _SSD(worker, policy, ngram, meter)
 
     def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
-             s: SamplingConfig, auto: bool = False) -> Iterator[Event]:
-        # auto with a profile: the autopilot picks mode, k, threads and window, and may switch mid-way
-        pilot = Autopilot.start(self.profile, self.config) if auto and self.profile is not None else None
-        cfg = pilot.run_config if pilot is not None else self.config
-        mode = cfg.mode if pilot is not None else mode
-        if pilot is None and cfg.threads_follow_mode:
-            cfg = self._threads_for(mode, cfg)
+             s: SamplingConfig) -> Iterator[Event]:
+        cfg = self._threads_for(mode, self.config) if self.config.threads_follow_mode else self.config
         self._set_threads(cfg)
         k_max = cfg.spec.k if mode != "ar" else 0
-        meter = Meter("auto" if pilot is not None else mode, k_max,
-                      cfg.prespec.budget_cells if mode == "ssd" or pilot is not None else 0)
-        meter.state = mode
-        meter.n_prompt = len(prompt)
-        meter.cell_bytes = self.draft_cell_bytes
-        target_rng, draft_rng = (np.random.default_rng(x) for x in np.random.SeedSequence(s.seed).spawn(2))
+        meter = Meter(mode, k_max, cfg.prespec.budget_cells if mode in ("ssd", "auto") else 0)
+        meter.n_prompt, meter.cell_bytes, meter.state = len(prompt), self.draft_cell_bytes, mode
+        seed = s.seed if s.seed is not None else fresh_seed()
         text = _Text(self.target, stop)
-        history = list(prompt)
-        out: list[int] = []
+        history, out = list(prompt), []
         reason: StopReason | None = None
         message: str | None = None
-        strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
-        shadow = self._shadow(prompt, cfg, cancel) if pilot is not None and pilot.prefill_draft else None
+        strategy = self._strategy(mode, s, seed, meter, cancel.is_set, cfg)
         try:
             while reason is None:
-                if cancel.is_set():
-                    reason = "cancelled"
-                    break
                 room = cfg.n_ctx - len(history)  # the target's KV will hold history + draft
-                if room < 1:
-                    reason, message = "context", f"the context of {cfg.n_ctx} tokens is full"
+                if cancel.is_set() or room < 1:
+                    reason, message = ("cancelled", None) if cancel.is_set() else \
+                        ("context", f"the context of {cfg.n_ctx} tokens is full")
                     break
                 k = max(0, min(k_max, room - 1, max_tokens - len(out) - 1))
                 t_round = time.perf_counter()
-                if pilot is not None:
-                    pilot.round_start(history)
-                prop = strategy.propose(history, k) if k > 0 else Proposal(EMPTY, "none", None)
-                draft = prop.draft if len(prop.draft) >= max(cfg.spec.k_min, 1) else EMPTY
+                prop = strategy.propose(history, k, max_tokens - len(out)) if k > 0 else Proposal(EMPTY, "none", None)
+                draft = self._min_draft(prop.draft, cfg.spec.k_min)
                 t_verify = time.perf_counter()
                 strategy.verifying(history, draft, k_max)
                 rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, cancel.is_set)
@@ -476,81 +505,81 @@ class Engine:
                 meter.target_busy.add(verify_s)
                 if not draft.tokens and len(history) > len(prompt):  # a plain step (not the prompt's prefill)
                     self._step_ms.setdefault(cfg.target.threads, Ema(None)).add(verify_s * 1e3)
-                if s.greedy:
-                    a, b = verify_greedy(draft.tokens, rows.argmax(axis=1))
-                else:
-                    a, b = verify_sampled(draft.tokens, draft.q, probs(rows, s), target_rng)
+                # The target's own draws (argmax, or coupled Gumbel-max when sampling: coupling.py);
+                # a drafted token is accepted iff it equals the draw at its position.
+                targets = rows.argmax(axis=1) if s.greedy else gumbel_picks(probs(rows, s), seed, len(history))
+                a, b = verify_greedy(draft.tokens, targets)
                 meter.first_token()
+                new = self._commit([*draft.tokens[:a], b], max_tokens - len(out), text)
+                reason = new.reason
                 kind = PROVENANCE[prop.speculator if len(draft) else "none"]
-                new, prov = [], []
-                for t, pv in zip([*draft.tokens[:a], b], [kind] * a + ["target"]):
-                    if self.target.is_eog(t):
-                        reason = "eos"
-                        break
-                    new.append(t)
-                    prov.append(pv)
-                    text.push(t)
-                    if text.stopped:
-                        reason = "stop"
-                        break
-                    if len(out) + len(new) >= max_tokens:
-                        reason = "length"
-                        break
-                if pilot is not None:
-                    pilot.target_confidence(top1(rows[:a + 1], s))
-                    if shadow is not None and (guess := shadow.guess(len(history))) is not None:
-                        pilot.draft_guessed(guess == (draft.tokens[0] if a else b))
+                prov = ([kind] * a + ["target"])[:len(new.tokens)]
                 history.extend([*draft.tokens[:a], b])
-                if shadow is not None:
-                    shadow.push(history)
-                out.extend(new)
+                out.extend(new.tokens)
                 wall_ms = (time.perf_counter() - t_round) * 1e3
-                rnd = Round(len(meter.rounds), strategy.state if mode == "ssd" else mode, prop.speculator
-                            if len(draft) else "none", prop.prespec, len(draft), a, wall_ms, verify_s * 1e3,
-                            (t_verify - t_round) * 1e3)
-                strategy.observe(prop, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1))
-                meter.record(rnd, len(new))
-                switch = pilot is not None and pilot.round_end(rnd, history, max_tokens - len(out)) is not None
-                if shadow is not None and not switch and not pilot.watching:  # the watch chose to stay in ar:
-                    shadow.stop()                                            # the target decodes alone again
-                    pilot.draft_read(len(self.draft_kv.tokens))
-                    shadow = None
-                if switch and reason is None:
-                    if shadow is not None:
-                        pilot.draft_read(shadow.settle())
-                        shadow = None
-                    self._end_strategy(strategy)
-                    cfg, mode = pilot.run_config, pilot.choice.mode
-                    k_max = cfg.spec.k if mode != "ar" else 0
-                    self._set_threads(cfg)
-                    strategy = self._strategy(mode, s, draft_rng, meter, cancel.is_set, cfg)
-                    meter.state = mode
-                yield TokenEvent(text.take(), tuple(new), tuple(prov), rnd, meter.live())
+                rnd = Round(len(meter.rounds), strategy.state if mode in ("ssd", "auto") else mode,
+                            prop.speculator if len(draft) else "none", prop.prespec, len(draft), a, wall_ms,
+                            verify_s * 1e3, (t_verify - t_round) * 1e3)
+                strategy.observe(prop, history, a, verify_s, t_verify - t_round, wall_ms / max(1, a + 1),
+                                 top1(rows[:a + 1], s))
+                meter.record(rnd, len(new.tokens))
+                yield TokenEvent(text.take(), tuple(new.tokens), tuple(prov), rnd, meter.live())
         except Cancelled:
             reason = "cancelled"
         except ContextFullError as e:
             reason, message = "context", str(e)
         finally:
-            if shadow is not None:
-                shadow.stop()
             self._end_strategy(strategy)
         tail = text.finish()
         stats = meter.summary()
-        if pilot is not None:
-            stats["auto"] = pilot.report()
+        stats["seed"] = None if s.greedy else seed
+        if (plan := strategy.report()) is not None:
+            stats["auto"] = plan
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
-    def _shadow(self, prompt: list[int], cfg: EngineConfig, cancel: threading.Event) -> _Shadow | None:
-        """The draft reading along beside the target (_Shadow), where the two fit on the cores side by side."""
-        if self.draft_kv is None or cfg.draft is None or cfg.target.threads + cfg.draft.threads > usable_cores():
-            return None
-        return _Shadow(self.draft_kv, prompt, cancel)
+    @staticmethod
+    def _min_draft(draft: Draft, k_min: int) -> Draft:
+        """--draft-min: a draft shorter than k_min is not verified (a plain step instead). Cutting what
+        was drawn because of its length is safe here because committed tokens never depend on the
+        proposal (coupling.py); the length itself is decided before each token is drawn."""
+        return draft if len(draft) >= max(k_min, 1) else EMPTY
+
+    def _commit(self, tokens: list[int], room: int, text: "_Text") -> "_Committed":
+        """The round's tokens up to an end of generation, a stop string or max_tokens."""
+        new: list[int] = []
+        for t in tokens:
+            if self.target.is_eog(t):
+                return _Committed(new, "eos")
+            new.append(t)
+            text.push(t)
+            if text.stopped:
+                return _Committed(new, "stop")
+            if len(new) >= room:
+                return _Committed(new, "length")
+        return _Committed(new, None)
+
+    def runs_beside(self, cfg: EngineConfig) -> bool:
+        """Whether the draft can pre-speculate beside the target without taking its compute: the target
+        on a GPU, or the two models' threads fit on this machine's cores side by side. On shared cores
+        the two alternating (each with every core) beat them running at once (FIELD_NOTES: a target
+        step takes 173 ms on 1 thread beside the draft, 105 ms alone on 2)."""
+        if self.draft is None or cfg.draft is None:
+            return False
+        if cfg.target.n_gpu_layers != 0 and gpu_offload_supported():
+            return True
+        return cfg.target.threads + cfg.draft.threads <= usable_cores()
 
     def _verify_curve(self, threads: int) -> list[float] | None:
         """The profile's ms for a target decode of 1, 2, ... tokens at `threads`, if calibrated."""
         prof = self.auto_profile() if self.draft is not None else None
         costs = [c for c in prof.costs if c.target_threads == threads] if prof is not None else []
         return list(costs[0].target_ms) if costs else None
+
+    def _draft_curve(self, threads: int) -> list[float] | None:
+        """The profile's ms for a draft decode of 1, 2, ... tokens at `threads`, if calibrated."""
+        prof = self.auto_profile() if self.draft is not None else None
+        costs = [c for c in prof.costs if c.draft_threads == threads] if prof is not None else []
+        return list(costs[0].draft_ms) if costs else None
 
     def _plain_step_ms(self, threads: int) -> float | None:
         """One target step's cost at `threads`: as timed in earlier rounds, else from the profile."""

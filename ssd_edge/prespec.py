@@ -12,7 +12,8 @@ own sequence ("branch") of one unified-KV draft context:
 
 When the outcome arrives, the SpeculationCache answers in O(1):
     hit     : branch (a, b) is fully drafted -> handed to the target at once;
-    partial : branch (a, b) was still growing -> its prefix is kept, the rest drafted;
+    partial : branch (a, b) was still growing -> its prefix is handed over; the engine's
+              planner decides whether the worker drafts the rest (extend);
     miss    : no branch -> all branches dropped; the engine drafts just in time or
               uses the backup speculator.
 Branches are grown best-first: the likeliest outcome alone (so it is ready
@@ -126,12 +127,15 @@ class SpeculationCache:
 class LookupResult(NamedTuple):
     status: str           # "hit", "partial", "miss", or "none" (nothing was pre-speculated)
     draft: Draft | None
+    finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
 
 
 class PrespecWorker:
     """The draft side of SSD, on its own thread. The engine calls lookup() /
-    draft_now() (blocking; answered between two draft decodes) and verifying()
-    (returns at once; starts pre-speculation)."""
+    extend() / draft_now() (blocking; answered between two draft decodes) and
+    verifying() (returns at once; starts pre-speculation). It prepares what the
+    policy's window and budget allow and never decides how much a round verifies:
+    that is the engine's planner."""
 
     def __init__(self, drafter: ModelDrafter, policy: PrespecPolicy, cfg: PrespecConfig, meter: Meter,
                  n_seq: int, cancelled: Callable[[], bool] | None = None) -> None:
@@ -144,6 +148,7 @@ class PrespecWorker:
         self.cache = SpeculationCache()
         self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
         self.base: tuple[list[int], Draft] | None = None
+        self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
         self.max_cells_seen = 0
         self.error: BaseException | None = None
         self._abortable = False  # True while growing low-priority branches
@@ -158,6 +163,10 @@ class PrespecWorker:
 
     def draft_now(self, history: list[int], k: int) -> Draft:
         return self._call("draft_now", history, k)
+
+    def extend(self, history: list[int], k: int) -> Draft:
+        """Draft the branch that the last lookup found (a partial hit) on to k tokens."""
+        return self._call("extend", history, k)
 
     def _preempt(self) -> None:
         """Stop a low-priority branch decode in flight: the engine is waiting."""
@@ -195,7 +204,7 @@ class PrespecWorker:
                     continue
                 if self.error is not None:
                     raise self.error
-                result = self._lookup(*args) if kind == "lookup" else self._draft_now(*args)
+                result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
                 self._outbox.put(("ok", result))
             except BaseException as e:  # handed to the engine thread, raised there
                 if kind == "verifying":
@@ -228,6 +237,7 @@ class PrespecWorker:
         br = None
         if len(history) == n + a + 1 and history[:n] == C:
             br = self.cache.get(a, history[n + a])
+        self._found = br
         if br is None:
             self._drop_branches()
             return LookupResult("miss", None)
@@ -242,17 +252,18 @@ class PrespecWorker:
         kv.tokens = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
         self.drafter.kv = kv
         self.meter.used_tokens += min(len(br.tokens), k)
-        if br.done or len(br.tokens) >= k:
-            return LookupResult("hit", br.draft(k))
-        want = self.policy.plan_round(len(br.tokens), k)  # extend just in time only where it pays
-        if want <= len(br.tokens):
-            return LookupResult("partial", br.draft(want))
+        finished = br.done or len(br.tokens) >= k
+        return LookupResult("hit" if finished else "partial", br.draft(k), finished)
+
+    def _extend(self, history: list[int], k: int) -> Draft:
+        br, self._found = self._found, None
+        assert br is not None, "extend() follows a lookup that found a branch"
         t0 = time.perf_counter()
         try:
-            draft = self.drafter.extend(history, br.tokens, br.qs, br.cands, k=want, source="prespec")
+            return self.drafter.extend(history, br.tokens, br.qs, br.cands, k=k, cancelled=self.cancelled,
+                                       source="prespec")
         finally:
             self._busy(t0)
-        return LookupResult("partial", draft)
 
     def _drop_branches(self) -> None:
         for br in self.cache.pop_all():
@@ -328,7 +339,7 @@ class PrespecWorker:
                 if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
                     br.done = True
                     continue
-                t, q = drafter.pick(row)
+                t, q = drafter.pick(row, br.pos)
                 br.tokens.append(t)
                 br.qs.append(q)
                 br.cands.append(top_candidates(row, drafter.cand_temperature()))

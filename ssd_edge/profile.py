@@ -5,9 +5,10 @@ A Profile holds what `ssd-edge calibrate` measured on one device for one
 at each thread count, how much each slows down while the other decodes at the
 same time, and the acceptance seen on a short probe. `Profile.choose(config)`
 turns that into a Choice (mode, k, thread split, pre-speculation window) by
-maximising expected tokens per second; `autopilot.Autopilot` re-decides
-during a generation when the live acceptance or hit rate drifts from what the
-choice assumed.
+maximising expected tokens per second. Mode `auto` uses the profile twice: to
+decide whether the draft runs beside the target (the thread split) and as the
+round planner's verify-cost curve (planner.py), which then re-decides every
+round from what the generation measures.
 
 The maths are pure functions on plain numbers (tested with a fake cost model):
 
@@ -44,8 +45,6 @@ FIXED_MODES = ("ar", "sd", "lookup", "ssd")
 # Speculation must be expected to beat plain decoding by this much to be chosen: ar is the
 # safe baseline, and an estimate a few percent above it is within the model's error.
 AR_MARGIN = 0.08
-OPTIMISTIC_ALPHA = 0.95   # the draft acceptance on the most predictable text (code edits)
-PESSIMISTIC_ALPHA = 0.5   # ... and on the least (stories); auto watches first when the best plan differs
 
 
 # ---------------------------------------------------------------- pure maths

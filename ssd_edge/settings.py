@@ -81,8 +81,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("top_p", ("--top-p",), float, "top-p sampling, in (0, 1] (default 0.95)", _S),
     Option("min_p", ("--min-p",), float, "min-p sampling, in [0, 1) (default 0.05)", _S),
     Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
-    Option("mode", ("--mode",), str, "decoding: ar | sd | lookup | ssd | auto (default: ssd with a draft "
-           "model, lookup without)", _X),
+    Option("mode", ("--mode",), str, "decoding: auto | ar | sd | lookup | ssd (default auto: each round, "
+           "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
     Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 3)", _X),
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
@@ -238,7 +238,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         draft = s["model_draft"]
     else:
         draft = cat.default_draft if target == cat.default_target else None
-    mode = s["mode"] or ("ssd" if draft else "lookup")
+    mode = s["mode"] or "auto"
     if mode not in MODES:
         raise s.invalid("mode", "choose one of " + ", ".join(MODES))
     if mode in ("sd", "ssd") and draft is None:

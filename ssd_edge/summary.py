@@ -58,6 +58,10 @@ def stats_table(stats: dict[str, Any]) -> Table:
         ("target / draft busy", f"{_num(stats.get('target_util'))} / {_num(stats.get('draft_util'))}"),
         ("speculators", ", ".join(f"{k} {v}" for k, v in (stats.get("speculators") or {}).items()) or "–"),
     ]
+    if stats.get("seed") is not None:  # sampled: this seed replays the answer (--seed), in any mode
+        rows.append(("seed", str(stats["seed"])))
+    if (plan := stats.get("auto")) is not None:
+        rows.append(("auto: rounds by proposer", ", ".join(f"{k} {v}" for k, v in plan["decisions"].items()) or "–"))
     if pre.get("lookups"):
         rows += [
             ("prespec hits / partial / misses", f"{pre.get('hits')} / {pre.get('partial_hits')} / {pre.get('misses')}"),

@@ -108,16 +108,20 @@ def test_summary_is_ratio_of_sums_and_speedups_are_within_the_setting():
 def test_goals_compare_the_right_rows():
     rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
     goals = {g.name: g for g in bench_report.goals(rows, bench.BENCH_MODES)}
-    g = goals["shared cores: best mode vs ar on code"]
-    assert g.value == pytest.approx(8.0 / 4.0) and g.met                    # ssd 8 tok/s vs ar 4
-    g = goals["shared cores: best mode vs llama.cpp speculative (best k) on code"]
-    assert g.value == pytest.approx(8.0 / 5.0) and g.met
-    g = goals["separate cores: ssd vs sd (all prompts)"]
-    assert g.value == pytest.approx((64 / 10.0) / (64 / 10.0)) and g.met is False
-    g = goals["shared: auto vs the best fixed mode, every category"]
-    assert g.value == pytest.approx(4.0 / 4.1) and g.met                    # code: auto 32/4.1 vs ssd 32/4
-    g = goals["shared: auto vs ar, every category"]
-    assert g.value > 1 and g.met
+    g = goals["shared, code: auto vs ar"]                        # auto 32/4.1 vs ar 32/8
+    assert g.value == pytest.approx(8.0 / 4.1) and g.met and g.threshold == ">= 1.25x"
+    assert goals["shared, all: auto vs ar"].threshold == ">= 1.00x"
+    g = goals["shared, code: auto vs the best fixed mode"]       # ... vs ssd 32/4
+    assert g.value == pytest.approx(4.0 / 4.1) and g.met
+    g = goals["shared, prose: auto vs the best fixed mode"]      # auto 32/5 vs sd 32/5
+    assert g.value == pytest.approx(1.0) and g.met
+    g = goals["separate, code: ssd vs sd"]                       # ssd 32/4 vs sd 32/5
+    assert g.value == pytest.approx(5.0 / 4.0) and g.met is False and g.threshold == ">= 1.50x"
+    g = goals["separate, code: auto vs ar"]
+    assert g.value == pytest.approx(8.0 / 4.1) and g.met and g.threshold == ">= 1.60x"
+    g = goals["shared, all: auto's first token vs ar's"]         # the same 0.5 s first token
+    assert g.value == pytest.approx(1.0) and g.met
+    assert "shared, code-edit: auto vs ar" not in goals          # no code-edit prompts ran: no goal
 
 
 # ---------------------------------------------------------------- the JSON schema

@@ -1,6 +1,6 @@
-"""Calibration maths (profile.py), auto's choices on a fake cost model, the
-autopilot's re-decisions (autopilot.py), and profile files. No timing here:
-every cost is a number written in the test."""
+"""Calibration maths (profile.py), the profile's choices on a fake cost model, the
+probe's estimators, and profile files. No timing here: every cost is a number
+written in the test."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import math
 import pytest
 
 from ssd_edge import profile as prof
-from ssd_edge.autopilot import Autopilot, NgramShadow
 from ssd_edge.config import EngineConfig
 from ssd_edge.drafters import NgramDrafter
-from ssd_edge.events import Round
+from ssd_edge.planner import NgramShadow
 from ssd_edge.profile import (Acceptance, ModelId, Profile, ThreadCosts, alpha_from_mean_accepted, ar_rate,
                               expected_tokens, interp_ms, lookup_rate, prespec_window, sd_rate, ssd_rate)
 
@@ -170,117 +169,6 @@ def test_choice_applies_mode_k_threads_and_window_to_a_config():
     assert ar.mode == "ar" and ar.apply(config(2, 2, spec=dict(k=5))).spec.k == 5  # ar keeps the configured k
 
 
-# ---------------------------------------------------------------- the autopilot
-
-def rnd(i: int, speculator: str, drafted: int, accepted: int, prespec=None, mode="ssd") -> Round:
-    return Round(i, mode, speculator, prespec, drafted, accepted, 100.0, 90.0, 5.0)
-
-
-def running(p: Profile, cfg: EngineConfig) -> Autopilot:
-    """A pilot running the profile's choice (as after a watch that confirmed the probe)."""
-    return Autopilot(p, cfg, p.choose(cfg))
-
-
-def test_autopilot_starts_with_the_choice_that_holds_at_any_acceptance_and_watches_otherwise():
-    p = fake_profile(alpha=0.9, hit=0.85)                   # batches cost little: the draft pays even at 0.5
-    pilot = Autopilot.start(p, config(1, 1))
-    assert not pilot.watching and pilot.choice.mode in ("sd", "ssd")
-    dear = ThreadCosts(target_threads=1, draft_threads=1, target_ms=[170.0 + 90 * i for i in range(9)],
-                       draft_ms=[80.0 + 6 * i for i in range(9)], target_overlap=1.05, draft_overlap=1.05)
-    p = p.model_copy(update=dict(costs=[dear]))              # every extra token verified costs half a step
-    pilot = Autopilot.start(p, config(1, 1))                 # ssd at alpha 0.95, ar at 0.5: watch in ar first
-    assert pilot.watching and pilot.choice.mode == "ar"
-
-
-def test_autopilot_leaves_a_choice_alone_while_the_live_numbers_match_it():
-    p = fake_profile(alpha=0.9, hit=0.85)
-    pilot = running(p, config(1, 1))
-    assert pilot.choice.mode == "ssd"
-    history = list(range(100, 140))  # no repeats: the n-gram shadow never proposes
-    for i in range(30):
-        pilot.round_start(history)
-        # about alpha 0.9 at k: accept all k most rounds, hit most lookups
-        k = pilot.choice.k
-        acc = k if i % 10 else k - 1
-        history += list(range(1000 + 10 * i, 1000 + 10 * i + acc + 1))
-        assert pilot.round_end(rnd(i, "prespec", k, acc, "hit" if i % 7 else "miss"), history) is None
-    assert pilot.switches == []
-
-
-def test_autopilot_leaves_ssd_when_the_draft_stops_agreeing():
-    p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
-    pilot = running(p, config(2, 2))
-    assert pilot.choice.mode in ("ssd", "sd")
-    history = list(range(100, 140))
-    new = None
-    for i in range(60):
-        pilot.round_start(history)
-        history += [2000 + i]
-        pilot.target_confidence([0.9])  # the target is as sure as the probe said; the draft misses anyway
-        new = pilot.round_end(rnd(i, "draft", pilot.choice.k or 1, 0, "miss"), history) or new
-        if pilot.choice.mode == "ar":
-            break
-    assert new is not None and pilot.choice.mode == "ar"
-    assert pilot.switches and pilot.switches[-1][1] == "ar"
-    assert pilot.live().alpha < 0.9  # below the prior after a few rounds of rejections
-
-
-def test_autopilot_corrects_the_model_by_the_speed_a_plan_measures():
-    # The acceptance is what the profile said, but ssd runs at half the speed the model expects
-    # (overheads the model does not know), while ar earlier ran as expected: the pilot leaves ssd.
-    p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
-    pilot = running(p, config(1, 1))
-    assert pilot.choice.mode == "ssd"
-    pilot.speed["ar"] = 1.0
-    expected_ms_per_token = 1000.0 / pilot.choice.expected_tokens_per_s
-    history = list(range(100, 140))
-    for i in range(40):
-        pilot.round_start(history)
-        k = pilot.choice.k
-        history += list(range(5000 + 10 * i, 5000 + 10 * i + k))    # k - 1 of k accepted
-        slow = Round(i, "ssd", "prespec", "hit", k, k - 1, 3.0 * expected_ms_per_token * k, 90.0, 5.0)
-        pilot.target_confidence([0.9] * k)
-        if pilot.round_end(slow, history, 500) is not None:
-            break
-    assert pilot.choice.mode == "ar"
-    assert pilot.speed["ssd"] < 0.6
-
-
-def test_a_modes_measured_speed_alone_does_not_flatter_the_modes_not_yet_run():
-    # Every plan here runs well below the model (per-round overheads): measuring the current one
-    # must not make the unmeasured ones look better by comparison.
-    p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
-    pilot = running(p, config(1, 1))
-    ms_per_token = 1000.0 / pilot.choice.expected_tokens_per_s / 0.5
-    history = list(range(100, 140))
-    for i in range(40):
-        pilot.round_start(history)
-        k = pilot.choice.k
-        history += list(range(5000 + 10 * i, 5000 + 10 * i + k))  # k - 1 of k accepted: alpha about 0.9
-        pilot.target_confidence([0.9] * k)
-        pilot.round_end(Round(i, "ssd", "prespec", "hit", k, k - 1, ms_per_token * k, 90.0, 5.0), history, 500)
-    assert pilot.switches == [] and pilot.speed["ssd"] < 0.8
-
-
-def test_autopilot_switches_to_lookup_when_the_answer_repeats_the_prompt():
-    p = fake_profile(alpha=0.6, hit=0.5, ngram_alpha=0.2, proposal=0.2)
-    pilot = Autopilot.start(p, config(2, 2))
-    assert pilot.choice.mode != "lookup"
-    source = list(range(500, 800))           # the prompt holds the text the answer copies
-    history = list(source[:50]) + [7, 7] + list(source[:20])
-    pos = 20
-    for i in range(60):
-        pilot.round_start(history)
-        take = source[pos:pos + 2]           # the target commits the copied text, 2 tokens a round
-        pos += 2
-        history += take
-        pilot.round_end(rnd(i, "draft", 4, 1, None, mode="sd"), history)
-        if pilot.choice.mode == "lookup":
-            break
-    assert pilot.choice.mode == "lookup"
-    assert pilot.live().ngram_alpha > 0.7 and pilot.live().ngram_proposal_rate > 0.4  # up from 0.2
-
-
 def test_ar_is_kept_unless_speculation_is_expected_to_win_by_the_margin():
     p = fake_profile(alpha=0.9, hit=0.85)
     cfg = config(2, 2)
@@ -293,83 +181,22 @@ def test_ar_is_kept_unless_speculation_is_expected_to_win_by_the_margin():
     assert p.choose(cfg, margin=gain * 1.5).mode == "ar"
 
 
-def watch_then(confidence: float, rounds: int = 4) -> Autopilot:
-    # On average the draft does not pay (alpha 0.5), so ar would be chosen; on code it would.
-    p = fake_profile(alpha=0.5, hit=0.5, ngram_alpha=0.0, proposal=0.0)
-    pilot = Autopilot.start(p, config(2, 2))
-    assert pilot.watching and pilot.prefill_draft and pilot.choice.mode == "ar"
-    pilot.draft_read(40)
-    history = list(range(100, 140))
-    for i in range(rounds):
-        pilot.round_start(history)
-        history.append(3000 + i)
-        pilot.target_confidence([confidence])
-        pilot.round_end(rnd(i, "none", 0, 0, None, mode="ar"), history, 200)
-    return pilot
-
-
-def test_autopilot_watches_in_ar_and_speculates_when_the_target_is_confident():
-    pilot = watch_then(confidence=1.0)
-    assert not pilot.watching and pilot.watched
-    assert pilot.choice.mode in ("sd", "ssd") and pilot.switches
-    assert pilot.live().alpha > 0.5  # the target's confidence moved the estimate up from the prior
-
-
-def test_autopilot_watches_and_stays_in_ar_when_the_target_is_unsure():
-    pilot = watch_then(confidence=0.3)
-    assert pilot.choice.mode == "ar" and not pilot.switches and not pilot.watching
-    assert pilot.live().alpha < 0.5
-
-
-def test_confidence_is_scaled_by_how_well_it_predicted_this_drafts_acceptance():
-    # The target is sure of every token, but the draft gets none right: after draft rounds
-    # that show it, the target's confidence alone no longer argues for speculating.
-    p = fake_profile(alpha=0.9, hit=0.85, ngram_alpha=0.0, proposal=0.0)
-    pilot = Autopilot.start(p, config(1, 1))
-    history = list(range(100, 140))
-    for i in range(12):
-        pilot.round_start(history)
-        history.append(4000 + i)
-        pilot.target_confidence([0.99])
-        pilot.round_end(rnd(i, "draft", 3, 0, None, mode="sd"), history, 200)
-    assert pilot.choice.mode == "ar"
-    assert pilot.calibration.value < 0.5
-    assert pilot.live().alpha < 0.5  # confidence 0.99 times a calibration under 0.5
-
-
-def _lookup_start_then_ngrams_dry_up(history_len: int, remaining: int) -> Autopilot:
-    p = fake_profile(alpha=0.95, hit=0.9, ngram_alpha=0.97, proposal=0.97)
-    pilot = Autopilot.start(p, config(1, 1))
-    assert pilot.choice.mode == "lookup"
-    history = [10_000 + i for i in range(history_len)]          # nothing repeats: the shadow finds nothing
-    for i in range(60):
-        pilot.round_start(history)
-        history.append(20_000 + i)
-        pilot.round_end(rnd(i, "none", 0, 0, None, mode="lookup"), history, remaining)
-    return pilot
-
-
-def test_autopilot_prices_the_drafts_catch_up_when_switching_into_a_draft_mode():
-    # Many tokens to go after a short history: worth letting the draft read the history, then ssd.
-    assert _lookup_start_then_ngrams_dry_up(history_len=40, remaining=500).choice.mode == "ssd"
-    # A long history and a few tokens left: the draft would spend longer catching up than it saves.
-    assert _lookup_start_then_ngrams_dry_up(history_len=3000, remaining=6).choice.mode in ("ar", "lookup")
-
+# ---------------------------------------------------------------- the probe's estimators
 
 def test_ngram_shadow_scores_each_proposed_token_as_it_is_decided():
     shadow = NgramShadow(NgramDrafter(1, 3), k=3)
     history = [1, 2, 3, 4, 9, 1, 2]          # "1 2" seen before, followed by 3 4 9
-    assert shadow.ask(history) is True       # proposes (3, 4, 9)
+    assert shadow.ask(history) == (3, 4, 9)
     assert shadow.settle(history + [3]) == (1, 0)          # 3 matched; 4 and 9 undecided
     assert shadow.settle(history + [3, 4, 5]) == (1, 1)    # then 4 matched and 9 did not
     assert shadow.settle(history + [3, 4, 5, 6]) == (0, 0) # nothing pending
-    assert shadow.ask([5, 6, 7]) is False    # nothing to look up
+    assert shadow.ask([5, 6, 7]) == ()        # nothing to look up
 
 
 def test_geometric_estimate_counts_trials_and_blends_the_prior():
-    from ssd_edge.autopilot import _Geometric
+    from ssd_edge.calibrate import _Trials
 
-    g = _Geometric(prior=0.5, weight=4)
+    g = _Trials(prior=0.5, weight=4)
     assert g.value == 0.5
     g.add_round(4, 4)   # 4 successes, no failure (the draft ran out, not rejected)
     g.add_round(4, 1)   # 1 success, 1 failure

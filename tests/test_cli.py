@@ -228,7 +228,7 @@ def test_generate_json(fake_engine):
     data = json.loads(out)
     assert data["text"] == REPLY and data["stop_reason"] == "eos" and data["message"] is None
     assert data["tokens"] == list(range(14)) and data["prompt_tokens"] == 2
-    assert data["mode"] == "ssd" and data["stats"]["tokens"] == 14 and data["stats"]["prespec"]["hit_rate"] == 1.0
+    assert data["mode"] == "auto" and data["stats"]["tokens"] == 14 and data["stats"]["prespec"]["hit_rate"] == 1.0
 
 
 def test_generate_context_full_mid_answer_exits_5(fake_engine):

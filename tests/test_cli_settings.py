@@ -65,12 +65,13 @@ def test_default_models_and_mode():
     cat = load_catalog()
     ec = engine_config(resolve({}, {}), cores=2)
     assert ec.target.path == cat.default_target and ec.draft.path == cat.default_draft
-    assert ec.mode == "ssd" and (ec.target.threads, ec.draft.threads) == (1, 1)
-    # another target: no default draft, so lookup (all cores to the target)
+    # auto by default; on 2 cores its two models take turns, each with both cores
+    assert ec.mode == "auto" and (ec.target.threads, ec.draft.threads) == (2, 2)
+    # another target: no default draft, so auto plans plain steps and n-grams (all cores to the target)
     ec = engine_config(resolve({"model": "smollm2-135m"}, {}), cores=2)
-    assert ec.draft is None and ec.mode == "lookup" and ec.target.threads == 2
+    assert ec.draft is None and ec.mode == "auto" and ec.target.threads == 2
     ec = engine_config(resolve({"no_draft": True}, {}), cores=4)
-    assert ec.draft is None and ec.mode == "lookup" and ec.target.threads == 4
+    assert ec.draft is None and ec.mode == "auto" and ec.target.threads == 4
 
 
 @pytest.mark.parametrize("mode,cores,given,expected", [
@@ -80,7 +81,8 @@ def test_default_models_and_mode():
     ("ssd", 1, (None, None), (1, 1)),
     ("ssd", 4, (2, None), (2, 2)),
     ("ssd", 4, (None, 2), (2, 2)),
-    ("auto", 2, (None, None), (1, 1)),
+    ("auto", 2, (None, None), (2, 2)),
+    ("auto", 4, (None, None), (3, 1)),
     ("sd", 2, (None, None), (2, 2)),
     ("ar", 4, (None, None), (4, 4)),
     ("lookup", 2, (None, 1), (2, 1)),

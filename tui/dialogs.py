@@ -16,7 +16,7 @@ from ssd_edge.catalog import Catalog, model_path
 from ssd_edge.config import MODES, EngineConfig
 
 MODE_HELP = {"ar": "target alone", "sd": "draft model + target", "lookup": "n-gram drafts + target",
-             "ssd": "sd + pre-speculation", "auto": "chosen from calibration"}
+             "ssd": "sd + pre-speculation", "auto": "planned each round (default)"}
 
 
 class Dialog(ModalScreen):

@@ -1,0 +1,73 @@
+"""Coupled sampling: every random choice is a Gumbel-max draw keyed by (seed, position, token).
+
+To sample token i of a generation from a probability row p, ssd-edge takes
+
+    x_i = argmax_t ( log p(t) + G(seed, i, t) )        G: standard Gumbel noise
+
+where G(seed, i, t) is a fixed function of the seed, the absolute position i in the sequence and
+the token id t (a counter-based hash, no generator state). For any fixed prefix this is an exact
+sample from p (the Gumbel-max trick), and the noise of different positions is independent, so a
+whole generation follows the target's distribution exactly.
+
+The draft model samples its token for position i with the same noise: d_i = argmax(log q + G).
+Verification then accepts a drafted token iff it equals the target's own draw x_i, exactly as in
+greedy decoding (greedy is the case G = 0). Two consequences:
+
+- Lossless by construction, whatever proposes: the committed token at position i is x_i, a
+  function of the target's row and the seed alone. Which proposer ran, how many tokens it drafted,
+  when pre-speculation hit or missed: none of it can change a committed token, only how many target
+  decodes it takes. Adaptive rules (the round planner, --draft-min, --draft-p-min) cannot bias the
+  output, even rules that look at drafted tokens.
+- Reproducible: the same seed gives the same tokens in every mode, on a busy or an idle machine
+  (up to the batched-vs-one-token logit near-ties that greedy decoding has too).
+
+The price: a drafted token is accepted with probability P(argmax(log q + G) = argmax(log p + G)),
+at least (1 - TV) / (1 + TV) (TV: total variation between p and q), against 1 - TV for rejection
+sampling. No sampler whose result ignores the draft can do better (a coupling without
+communication); on the peaked distributions of a good draft the difference is small.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_S30, _S27, _S31, _S11 = (np.uint64(s) for s in (30, 27, 31, 11))
+SEED_BITS = 63  # seeds are taken modulo 2**63
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection on uint64 whose output bits look independent."""
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
+
+
+def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """U(seed, position, id) in (0, 1) for each id: independent across seeds, positions and ids."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.uint64(seed % (1 << SEED_BITS)) + _GOLDEN)
+        key = _mix(key ^ (np.uint64(position) * _GOLDEN))
+        h = _mix(key ^ (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _M2)
+    return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
+
+
+def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:
+    """Draw from probability row p (V,) with the noise of (seed, position): argmax log p + G."""
+    ids = np.flatnonzero(p)
+    if len(ids) == 1:
+        return int(ids[0])
+    g = -np.log(-np.log(uniforms(seed, position, ids)))
+    return int(ids[np.argmax(np.log(p[ids]) + g)])
+
+
+def gumbel_picks(p: np.ndarray, seed: int, first_position: int) -> np.ndarray:
+    """One draw per row of p (n, V); row j is position first_position + j."""
+    return np.array([gumbel_pick(row, seed, first_position + j) for j, row in enumerate(p)], dtype=np.int64)
+
+
+def fresh_seed() -> int:
+    """A random seed for a generation that was given none (reported in its stats, to replay it)."""
+    return int(np.random.SeedSequence().entropy % (1 << SEED_BITS))

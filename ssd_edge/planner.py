@@ -1,0 +1,300 @@
+"""The round planner behind mode `auto`: every round, which proposal the target verifies.
+
+On offer each round (whichever exist):
+
+    plain        nothing drafted: one target step
+    ngram  m     the first m tokens the n-gram lookup proposes (free to make)
+    draft  m     the draft model drafts m tokens now, first reading what it has not read yet
+    prepared m   a branch pre-speculated while the target verified the last round (an SSD hit or
+                 partial hit), extended by the draft if it holds fewer than m tokens
+
+Each is scored by expected tokens per millisecond and the best is taken:
+
+    rate(m) = (1 + sum_{i=1..m} prod_{j<i} alpha_j) / (verify(m + 1) + drafting ms)
+
+A draft that has fallen behind (plain or n-gram rounds, the prompt) must first read what it
+missed. That reading is an investment in every later draft round, so its cost is spread over the
+tokens still to come (at most HORIZON) rather than charged to one round.
+
+alpha_j is that proposer's live acceptance at draft position j; verify(n) is the target's decode of
+n tokens (the calibration profile's curve, scaled to what this generation measures; without a
+profile, what this generation measures). Decisions are cheap and the next round corrects them, so a
+proposer that stops paying (prose after code) loses the next round, not the whole answer.
+
+Evidence arrives even for proposers that did not run: the n-gram lookup is asked every round and
+scored against what the target committed; the draft's acceptance is estimated from the target's own
+confidence while only plain steps run (calibrated by the rounds where the draft did run), so a
+draft that was written off is tried again when the text turns predictable.
+
+Lossless without help from here: tokens are drawn with coupled noise (coupling.py), so what the
+target commits never depends on what was proposed; the planner only decides how fast.
+
+Pure state and arithmetic on the engine thread: no models, no threads; tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+
+from .drafters import NgramDrafter
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["plain", "ngram", "draft", "prepared"]
+PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
+HORIZON = 128        # most tokens over which the draft's catch-up is spread
+
+
+class Rate:
+    """A success rate from trials with forgetting: (s + w * prior) / (n + w), s and n decayed by
+    `keep` per trial, so the last ~1 / (1 - keep) trials dominate."""
+
+    def __init__(self, prior: float, weight: float = 2.0, keep: float = 0.95) -> None:
+        self.prior, self.weight, self.keep = prior, weight, keep
+        self.s = self.n = 0.0
+
+    def add(self, successes: float, trials: float = 1.0) -> None:
+        if trials <= 0:
+            return
+        decay = self.keep ** trials
+        self.s = self.s * decay + successes
+        self.n = self.n * decay + trials
+
+    @property
+    def value(self) -> float:
+        return (self.s + self.weight * self.prior) / (self.n + self.weight)
+
+
+class Costs:
+    """ms of a decode of n tokens for one model: a running mean per batch size, and for sizes not
+    yet timed the device's curve (scaled to the timed sizes) or a line through the timed ones."""
+
+    def __init__(self, curve: Sequence[float] | None, step_prior: float, slope_prior: float) -> None:
+        self.curve = list(curve) if curve else None
+        self.step_prior = step_prior    # ms of one token before anything is timed
+        self.slope_prior = slope_prior  # extra ms per extra token, as a fraction of one step
+        self.timed: dict[int, float] = {}
+
+    def add(self, n: int, ms: float, alpha: float = 0.3) -> None:
+        if n < 1 or ms <= 0:
+            return
+        old = self.timed.get(n)
+        self.timed[n] = ms if old is None else old + alpha * (ms - old)
+
+    def _curve_at(self, n: int) -> float:
+        assert self.curve
+        if n <= len(self.curve):
+            return self.curve[n - 1]
+        tail = self.curve[-1] - self.curve[-2] if len(self.curve) > 1 else self.curve[-1]
+        return self.curve[-1] + tail * (n - len(self.curve))
+
+    def ms(self, n: int) -> float:
+        n = max(1, n)
+        if n in self.timed:
+            return self.timed[n]
+        if self.curve:
+            if not self.timed:
+                return self._curve_at(n)
+            scale = float(np.mean([ms / self._curve_at(m) for m, ms in self.timed.items()]))
+            return self._curve_at(n) * scale
+        if not self.timed:
+            return self.step_prior * (1 + self.slope_prior * (n - 1))
+        sizes = sorted(self.timed)
+        lo = max((m for m in sizes if m < n), default=None)
+        hi = min((m for m in sizes if m > n), default=None)
+        if lo is not None and hi is not None:
+            return self.timed[lo] + (self.timed[hi] - self.timed[lo]) * (n - lo) / (hi - lo)
+        one = self.timed.get(1, self.timed[sizes[0]] / (1 + self.slope_prior * (sizes[0] - 1)))
+        near = lo if lo is not None else hi
+        return self.timed[near] + one * self.slope_prior * (n - near)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What can be verified this round. prepared: tokens a pre-speculated branch holds (None: no
+    branch); a branch the draft stopped early (--draft-p-min) counts as complete (prepared_done)."""
+
+    k: int
+    remaining: int = 64            # tokens the generation may still make (the horizon of an investment)
+    ngram: int = 0
+    draft: bool = False
+    draft_unread: int = 0          # history tokens the draft must read before it can draft
+    prepared: int | None = None
+    prepared_done: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Kind
+    m: int
+    rate: float                    # expected tokens per ms
+    runner_up: tuple[Kind, int, float] | None = None
+
+    def describe(self) -> str:
+        ru = f"; runner-up {self.runner_up[0]} {self.runner_up[1]} at {self.runner_up[2] * 1e3:.1f} tok/s" \
+            if self.runner_up else ""
+        return f"{self.kind} {self.m} at {self.rate * 1e3:.1f} tok/s expected{ru}"
+
+
+class Planner:
+    """Live estimates and the per-round decision (see the module docstring)."""
+
+    def __init__(self, k: int, *, verify_curve: Sequence[float] | None = None, draft_curve: Sequence[float] | None = None,
+                 step_ms: float | None = None, draft_ms: float | None = None, ngram: NgramDrafter | None = None,
+                 draft_prior: float = 0.7) -> None:
+        self.k = k
+        step = step_ms or (verify_curve[0] if verify_curve else 100.0)
+        # Without a profile: a CPU-like prior (4 tokens cost ~1.7 steps, FIELD_NOTES) until timed.
+        self.target = Costs(verify_curve, step, 0.25)
+        self.draft_cost = Costs(draft_curve, draft_ms or (draft_curve[0] if draft_curve else 0.4 * step), 0.27)
+        # Each prior counts as one trial: the first real trials outweigh it at once.
+        self.draft_alpha = [Rate(draft_prior, weight=1.0) for _ in range(k)]  # P(accept position i | reached it)
+        self.ngram_alpha = Rate(0.5, weight=1.0)
+        self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
+        self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
+        self.rounds_since_draft = 0
+        self.shadow = NgramShadow(ngram, k) if ngram is not None else None
+        self.decisions: dict[str, int] = {}
+
+    # ------------------------------------------------------------ estimates
+    def alpha(self, kind: Kind, i: int) -> float:
+        if kind == "ngram":
+            return self.ngram_alpha.value
+        measured = self.draft_alpha[min(i, self.k - 1)]
+        proxy = min(1.0, self.calibration.value * self.confidence.value)
+        if measured.n == 0:  # the draft has not run yet: the target's confidence is all there is
+            return proxy
+        # Stale measurements fade into the confidence estimate: a draft written off on prose is tried
+        # again when the target grows confident (code), without paying for a blind exploration.
+        fresh = 0.5 ** (self.rounds_since_draft / 8.0)
+        return fresh * measured.value + (1.0 - fresh) * proxy
+
+    def gain(self, kind: Kind, m: int) -> float:
+        """E[tokens committed] when m tokens of `kind` are verified: 1 + sum_i P(first i accepted)."""
+        reach, total = 1.0, 1.0
+        for i in range(m):
+            reach *= self.alpha(kind, i)
+            total += reach
+        return total
+
+    def step_ms(self) -> float:
+        return self.target.ms(1)
+
+    # ------------------------------------------------------------ decision
+    def plan(self, offer: Offer) -> Decision:
+        k = offer.k
+        scored: list[tuple[float, Kind, int]] = [(1.0 / self.step_ms() * (1.0 + PLAIN_MARGIN), "plain", 0)]
+        for m in range(1, k + 1):
+            verify = self.target.ms(m + 1)
+            if m <= offer.ngram:
+                scored.append((self.gain("ngram", m) / verify, "ngram", m))
+            if offer.prepared is not None:
+                ready = k if offer.prepared_done else offer.prepared
+                extra = 0.0 if m <= ready else (m - ready) * self.draft_cost.ms(1)
+                scored.append((self.gain("draft", m) / (verify + extra), "prepared", m))
+            if offer.draft:
+                g, step = self.gain("draft", m), self.draft_cost.ms(1)
+                catch_up = max(0.0, self.draft_cost.ms(offer.draft_unread + 1) - step)
+                horizon = max(1, min(offer.remaining, HORIZON))
+                scored.append((g / (verify + m * step + catch_up * min(1.0, g / horizon)), "draft", m))
+        scored.sort(key=lambda x: -x[0])
+        (rate, kind, m), rest = scored[0], scored[1:]
+        if kind == "plain":
+            rate /= 1.0 + PLAIN_MARGIN
+        ru = next(((k2, m2, r2 / (1.0 + PLAIN_MARGIN) if k2 == "plain" else r2)
+                   for r2, k2, m2 in rest if k2 != kind), None)
+        d = Decision(kind, m, rate, ru)
+        self.decisions[kind] = self.decisions.get(kind, 0) + 1
+        log.debug("plan: %s", d.describe())
+        return d
+
+    # ------------------------------------------------------------ observations
+    def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
+                committed_top1: Sequence[float] = ()) -> None:
+        """A verified round: what was proposed, how much was accepted, the target's decode time, and
+        the target's top-1 probability at each committed position (accepted drafts, then its own)."""
+        self.target.add(drafted + 1, verify_ms)
+        if kind in ("draft", "prepared") and drafted:
+            self.rounds_since_draft = 0
+            for i in range(min(drafted, self.k)):
+                if i > accepted:
+                    break
+                self.draft_alpha[i].add(1.0 if i < accepted else 0.0)
+            reached = list(committed_top1[:min(drafted, accepted + 1)])
+            if reached:
+                self.calibration.add(accepted, sum(reached))
+        else:
+            self.rounds_since_draft += 1
+        if kind == "ngram" and drafted and self.shadow is None:
+            self.ngram_alpha.add(accepted, min(drafted, accepted + 1))
+        for p in committed_top1:
+            self.confidence.add(p)
+
+    def observe_prefill(self, committed_top1: Sequence[float]) -> None:
+        """The prompt's round: its time says nothing of a step, its token's confidence does count."""
+        for p in committed_top1:
+            self.confidence.add(p)
+
+    def observe_history(self, history: Sequence[int]) -> None:
+        """The committed history after a round: scores the n-gram lookup's standing proposals."""
+        if self.shadow is not None:
+            matched, mismatched = self.shadow.settle(history)
+            self.ngram_alpha.add(matched, matched + mismatched)
+
+    def ask_ngram(self, history: Sequence[int]) -> tuple[int, ...]:
+        """The n-gram lookup's proposal for this round (remembered, to be scored as tokens commit)."""
+        return self.shadow.ask(history) if self.shadow is not None else ()
+
+    def observe_draft(self, unread: int, feed_ms: float, steps: int, steps_ms: float) -> None:
+        """A just-in-time draft: reading `unread` + 1 tokens took feed_ms, then `steps` single steps."""
+        self.draft_cost.add(unread + 1, feed_ms)
+        if steps:
+            self.draft_cost.add(1, steps_ms / steps)
+
+    def report(self) -> dict:
+        return {"decisions": dict(self.decisions),
+                "draft_alpha": [round(self.alpha("draft", i), 3) for i in range(self.k)],  # as the planner sees it
+                "draft_alpha_measured": [round(r.value, 3) if r.n else None for r in self.draft_alpha],
+                "ngram_alpha": round(self.ngram_alpha.value, 3),
+                "step_ms": round(self.step_ms(), 2),
+                "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
+                "draft_step_ms": round(self.draft_cost.ms(1), 2)}
+
+
+class NgramShadow:
+    """Asks the n-gram drafter at every round start and scores each proposed token as the committed
+    tokens decide it, so prompt lookup's acceptance is known even in rounds it did not serve."""
+
+    def __init__(self, drafter: NgramDrafter, k: int) -> None:
+        self.drafter = drafter
+        self.k = k
+        self.pending: list[tuple[int, tuple[int, ...], int]] = []  # (history length when asked, proposal, decided)
+
+    def ask(self, history: Sequence[int]) -> tuple[int, ...]:
+        prop = self.drafter.propose(history, self.k).tokens
+        if prop and not any(start == len(history) for start, _, _ in self.pending):
+            self.pending.append((len(history), prop, 0))
+        return prop
+
+    def settle(self, history: Sequence[int]) -> tuple[int, int]:
+        """(proposed tokens that matched, proposals that hit a mismatch) decided since the last call."""
+        matched = mismatched = 0
+        keep = []
+        for start, prop, seen in self.pending:
+            known = min(len(history) - start, len(prop))
+            ended = False
+            while seen < known:
+                if history[start + seen] != prop[seen]:
+                    mismatched += 1
+                    ended = True
+                    break
+                matched += 1
+                seen += 1
+            if not ended and seen < len(prop):
+                keep.append((start, prop, seen))
+        self.pending = keep
+        return matched, mismatched

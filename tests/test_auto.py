@@ -1,0 +1,215 @@
+"""Mode auto (the round planner) inside the engine, on the fake backend: each proposer serves
+where it pays, the draft runs beside the target only where the cores allow it, the first round
+is a plain step, and whatever ran, the output is exactly the target's: its greedy tokens, and
+with sampling its coupled draws, the same for one seed in every mode and under load."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fakes import FakeContext, FakeModel
+from ssd_edge.config import EngineConfig, split_threads
+from ssd_edge.engine import Engine
+from ssd_edge.events import FinishEvent
+from ssd_edge.profile import Acceptance, DeviceInfo, ModelId, Profile, ThreadCosts
+
+PROMPT = [3, 9, 4, 17, 2]
+SCALE = 10_000  # a fake decode sleeps ms / SCALE seconds: the CPU-like costs below, 10 times faster
+
+
+def target_ms(n: int) -> float:  # 1.5B at 2 threads (FIELD_NOTES): 4 tokens ~1.6 steps
+    return [105, 150, 160, 170, 220, 260, 300, 340][min(n, 8) - 1]
+
+
+def draft_ms(n: int) -> float:
+    return 44 * (1 + 0.27 * (n - 1))
+
+
+def engine(disagree_every: int = 0, *, threads: tuple[int, int] = (2, 2), k: int = 3, draft: bool = True,
+           **cfg_kw) -> Engine:
+    cfg = EngineConfig.build(target=dict(path="fake-target", threads=threads[0]),
+                             draft=dict(path="fake-draft", threads=threads[1]) if draft else None,
+                             n_ctx=1024, mode="auto", spec=dict(k=k), **cfg_kw)
+    target = FakeModel("target")
+    tctx = FakeContext(target, n_ctx=1024, decode_delay=lambda n: target_ms(n) / SCALE)
+    if not draft:
+        return Engine.from_parts(cfg, target, tctx)
+    dm = FakeModel("draft", disagree_every=disagree_every)
+    dctx = FakeContext(dm, n_ctx=2048, n_seq_max=cfg.prespec.fanout_max + 1,
+                       decode_delay=lambda n: draft_ms(n) / SCALE)
+    return Engine.from_parts(cfg, target, tctx, dm, dctx)
+
+
+def run(eng: Engine, mode: str = "auto", n: int = 80, prompt=PROMPT, **kw):
+    rounds, fin = [], None
+    for ev in eng.generate(tokens=prompt, max_tokens=n, mode=mode, **kw):
+        if isinstance(ev, FinishEvent):
+            fin = ev
+        else:
+            rounds.append(ev.round)
+    return rounds, fin
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+    """This project's machine: 2 cores (the draft runs beside the target only at 1 + 1 threads)."""
+    monkeypatch.setattr("ssd_edge.engine.usable_cores", lambda: 2)
+
+
+def test_auto_is_the_default_mode():
+    assert EngineConfig.build(target=dict(path="x")).mode == "auto"
+
+
+@pytest.mark.parametrize("disagree", [0, 3, -1])
+@pytest.mark.parametrize("threads", [(2, 2), (1, 1)])
+def test_auto_greedy_is_the_targets_greedy_output(disagree, threads):
+    eng = engine(disagree, threads=threads)
+    _, ref = run(eng, "ar")
+    rounds, fin = run(eng)
+    assert fin.tokens == ref.tokens
+    assert fin.stats["mode"] == "auto" and fin.stats["auto"]["concurrent"] == (threads == (1, 1))
+
+
+def test_the_first_round_reads_the_prompt_alone():
+    rounds, _ = run(engine(0))
+    assert rounds[0].speculator == "none" and rounds[0].drafted == 0
+
+
+def test_a_predictable_draft_serves_most_rounds():
+    rounds, fin = run(engine(0), n=120)
+    served = fin.stats["speculators"]
+    assert served.get("draft", 0) > 0.7 * len(rounds), served
+    assert fin.stats["tokens"] / len(rounds) > 2.5  # about k + 1 per round
+
+
+def test_a_draft_that_is_always_wrong_leaves_the_target_to_plain_steps():
+    rounds, fin = run(engine(-1), n=120)
+    served = fin.stats["speculators"]
+    assert served.get("none", 0) > 0.8 * len(rounds), served
+    measured = fin.stats["auto"]["draft_alpha_measured"][0]
+    assert measured is not None and measured < 0.5  # it was tried, and found wanting
+
+
+def test_ngram_serves_an_answer_that_quotes_the_prompt():
+    # The fake target's next token depends on the last token and the position modulo 31 (fakes.py).
+    # So a prompt that holds its own continuation S up to m + 20, some filler, then S's tokens
+    # m-4..m-1 again, 31 positions after they first stood, makes the target quote S from m on; and
+    # the n-gram lookup finds those four tokens in the prompt, followed by what the target will say.
+    eng = engine(-1)                        # a draft that is always wrong
+    _, first = run(eng, "ar", n=40)
+    s, m = PROMPT + list(first.tokens), 20
+    prompt = s[:m + 20] + [1] * 7 + s[m - 4:m]
+    assert len(prompt) == m + 31
+    rounds, fin = run(eng, prompt=prompt, n=20)
+    _, ref = run(eng, "ar", prompt=prompt, n=20)
+    assert fin.tokens == ref.tokens == tuple(s[m:m + 20])
+    assert fin.stats["speculators"].get("ngram", 0) >= 3, fin.stats["speculators"]
+    assert fin.stats["tokens"] / len(rounds) > 2.0
+
+
+def test_without_a_draft_model_auto_plans_plain_steps_and_ngrams():
+    eng = engine(draft=False)
+    rounds, fin = run(eng)
+    _, ref = run(eng, "ar")
+    assert fin.tokens == ref.tokens
+    assert set(fin.stats["speculators"]) <= {"none", "ngram"}
+    assert not fin.stats["auto"]["concurrent"]
+
+
+def test_concurrent_auto_uses_prepared_branches():
+    eng = engine(0, threads=(1, 1))
+    rounds, fin = run(eng, n=120)
+    assert fin.stats["auto"]["concurrent"]
+    assert fin.stats["prespec"]["lookups"] > 10
+    assert fin.stats["speculators"].get("prespec", 0) > 0.5 * len(rounds), fin.stats["speculators"]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "lookup", "ssd", "auto"])
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_one_seed_gives_the_same_sampled_tokens_in_every_mode(mode, temperature):
+    """Coupled sampling: a committed token is the target's own draw at its position, whatever
+    proposed it. So ar, sd, lookup, ssd and auto agree token for token under one seed."""
+    eng = engine(3, threads=(1, 1))
+    kw = dict(sampling=eng.config.sampling.model_copy(update=dict(temperature=temperature, top_k=0, top_p=1.0,
+                                                                  min_p=0.0, seed=1234)))
+    _, ref = run(eng, "ar", n=60, **kw)
+    _, fin = run(eng, mode, n=60, **kw)
+    assert fin.tokens == ref.tokens
+    assert fin.stats["seed"] == 1234
+    assert len(set(ref.tokens)) > 5  # really sampled, not a constant
+
+
+def test_a_sampled_ssd_run_repeats_under_load():
+    """--seed reproduces ssd and auto runs however the worker's timing falls (a busy thread
+    beside it changes which lookups hit, never the tokens)."""
+    eng = engine(3, threads=(1, 1))
+    s = eng.config.sampling.model_copy(update=dict(temperature=0.9, seed=7))
+    quiet = [run(eng, mode, n=50, sampling=s)[1].tokens for mode in ("ssd", "auto")]
+    stop = threading.Event()
+
+    def burn():
+        x = 0
+        while not stop.is_set():
+            x = (x * 31 + 7) % 1_000_003
+
+    busy = [threading.Thread(target=burn, daemon=True) for _ in range(2)]
+    for t in busy:
+        t.start()
+    try:
+        loaded = [run(eng, mode, n=50, sampling=s)[1].tokens for mode in ("ssd", "auto")]
+    finally:
+        stop.set()
+        for t in busy:
+            t.join()
+    assert loaded == quiet
+
+
+def test_a_generation_without_a_seed_reports_the_one_it_drew():
+    eng = engine(0)
+    s = eng.config.sampling.model_copy(update=dict(temperature=0.8, seed=None))
+    _, fin = run(eng, "sd", n=30, sampling=s)
+    seed = fin.stats["seed"]
+    assert isinstance(seed, int)
+    _, again = run(eng, "ar", n=30, sampling=s.model_copy(update=dict(seed=seed)))
+    assert again.tokens == fin.tokens
+
+
+# ---------------------------------------------------------------- threads and the profile
+
+def test_split_threads_runs_the_draft_beside_the_target_only_on_enough_cores():
+    assert split_threads("auto", True, 2) == (2, 2)   # alternate, every core each
+    assert split_threads("auto", True, 8) == (6, 2)   # beside: the target keeps most cores
+    assert split_threads("ssd", True, 2) == (1, 1)    # fixed ssd always runs them side by side
+    assert split_threads("auto", False, 2) == (2, 2)
+
+
+def profile(beside_ms: list[float], overlap: float) -> Profile:
+    """A 2-core device: 2+2 threads (alternating) and 1+1 (side by side), with the target's
+    slowdown while the draft decodes beside it."""
+    costs = [ThreadCosts(target_threads=2, draft_threads=2, target_ms=[target_ms(n) for n in range(1, 8)],
+                         draft_ms=[draft_ms(n) for n in range(1, 8)], target_overlap=1.9, draft_overlap=1.9),
+             ThreadCosts(target_threads=1, draft_threads=1, target_ms=beside_ms,
+                         draft_ms=[2 * draft_ms(n) for n in range(1, 8)], target_overlap=overlap,
+                         draft_overlap=overlap)]
+    return Profile(created="2026-01-01T00:00:00+00:00",
+                   device=DeviceInfo(machine="x86_64", cpu="fake", cores=2, llama_cpp_python="0.3.36"),
+                   target=ModelId(name="fake-target", size=1), draft=ModelId(name="fake-draft", size=1), k_max=4,
+                   costs=costs, acceptance=Acceptance(alpha=0.9, ngram_alpha=0.3, ngram_proposal_rate=0.2))
+
+
+def test_the_profile_decides_whether_the_draft_runs_beside_the_target():
+    eng = engine(0, threads_follow_mode=True)
+    # measured contention as on this project's CPU: a target step on 1 thread beside the draft
+    # costs 173 ms against 105 alone on 2: alternating wins
+    eng.profile, eng._profile_looked_up = profile([173 + 50 * i for i in range(7)], 1.05), True
+    assert eng._threads_for("auto", eng.config).target.threads == 2
+    _, fin = run(eng)
+    assert not fin.stats["auto"]["concurrent"]
+    # a device where the target hardly slows beside the draft (a GPU target, more cores): side by side
+    eng.profile = profile([110 + 10 * i for i in range(7)], 1.02)
+    cfg = eng._threads_for("auto", eng.config)
+    assert (cfg.target.threads, cfg.draft.threads) == (1, 1)
+    _, fin = run(eng)
+    assert fin.stats["auto"]["concurrent"]
