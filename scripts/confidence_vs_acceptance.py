@@ -37,14 +37,14 @@ def main() -> None:
     cfg = EngineConfig.build(target=dict(path=cat.default_target, threads=args.threads),
                              draft=dict(path=cat.default_draft, threads=args.threads), mode="sd", spec=dict(k=args.draft_max))
     seen: dict[str, object] = {}
-    verify = engine_mod.verify_greedy
+    verify = engine_mod.verify
 
     def spy(draft, argmax):  # the engine's greedy rule, unchanged; remember what it decided
         a, b = verify(draft, argmax)
         seen["round"] = (len(draft), a)
         return a, b
 
-    engine_mod.verify_greedy = spy
+    engine_mod.verify = spy
     with Engine(cfg) as eng:
         feed = eng.target_kv.feed
 

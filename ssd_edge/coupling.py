@@ -45,11 +45,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
-def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
-    """U(seed, position, id) in (0, 1) for each id: independent across seeds, positions and ids."""
+def uniforms(seed, position, ids) -> np.ndarray:
+    """U(seed, position, id) in (0, 1): independent across seeds, positions and ids. Arguments are
+    ints or arrays that broadcast together (e.g. seeds (n, 1) against ids (V,) for n draws at once)."""
+    if isinstance(seed, (int, np.integer)):
+        seed = np.uint64(int(seed) % (1 << SEED_BITS))
+    else:
+        seed = np.asarray(seed).astype(np.uint64) & np.uint64((1 << SEED_BITS) - 1)
     with np.errstate(over="ignore"):
-        key = _mix(np.uint64(seed % (1 << SEED_BITS)) + _GOLDEN)
-        key = _mix(key ^ (np.uint64(position) * _GOLDEN))
+        key = _mix(seed + _GOLDEN)
+        key = _mix(key ^ (np.asarray(position, dtype=np.uint64) * _GOLDEN))
         h = _mix(key ^ (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _M2)
     return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 

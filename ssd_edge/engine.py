@@ -39,7 +39,7 @@ from .policy import Ema, PrespecPolicy
 from .planner import Decision, Offer, Planner
 from .prespec import PrespecWorker
 from .sampling import probs
-from .verify import verify_greedy
+from .verify import verify
 
 log = logging.getLogger(__name__)
 
@@ -508,7 +508,7 @@ class Engine:
                 # The target's own draws (argmax, or coupled Gumbel-max when sampling: coupling.py);
                 # a drafted token is accepted iff it equals the draw at its position.
                 targets = rows.argmax(axis=1) if s.greedy else gumbel_picks(probs(rows, s), seed, len(history))
-                a, b = verify_greedy(draft.tokens, targets)
+                a, b = verify(draft.tokens, targets)
                 meter.first_token()
                 new = self._commit([*draft.tokens[:a], b], max_tokens - len(out), text)
                 reason = new.reason

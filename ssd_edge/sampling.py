@@ -1,9 +1,20 @@
 """Logit rows -> the probability vectors actually sampled from.
 
 The same transform is applied to the target's rows (p) and the draft's rows
-(q); speculative sampling is exact only when both sides see identical
-temperature / top-k / top-p / min-p. Temperature 0 means greedy: a one-hot
-vector at the argmax (ties broken towards the lower id, like numpy.argmax).
+(q). What is committed is always a draw from p (coupling.py); q only decides
+how often the draft guesses it, so the draft should see the same settings. The
+order is llama.cpp's default sampler chain, so flags moved over from llama.cpp
+give the same distribution:
+
+    top-k        keep the k largest logits
+    top-p        keep the smallest set, by descending probability at temperature 1,
+                 whose mass reaches top_p (the token that crosses it included)
+    min-p        keep logits >= max logit + log(min_p), i.e. p >= min_p * p_max at temperature 1
+    temperature  softmax(logit / temperature) over what is left
+
+Ties at a top-k or top-p boundary keep the lower ids (llama.cpp leaves that
+order unspecified). Temperature 0 means greedy: a one-hot vector at the argmax
+(ties broken towards the lower id, like numpy.argmax).
 """
 
 from __future__ import annotations
@@ -24,28 +35,27 @@ def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
     if s.greedy:
         out[int(np.argmax(x))] = 1.0
         return out
-    z = x / s.temperature
-    n = z.shape[0]
-    # Candidates: all tokens, or the top-k.
-    if 0 < s.top_k < n:
-        idx = np.argpartition(-z, s.top_k - 1)[: s.top_k]
+    n = x.shape[0]
+    if 0 < s.top_k < n:  # the k largest logits, ties at the boundary to the lower ids
+        idx = np.argpartition(-x, s.top_k - 1)[: s.top_k]
+        edge = x[idx].min()
+        idx = np.concatenate([np.flatnonzero(x > edge), np.flatnonzero(x == edge)])[: s.top_k]
     else:
         idx = np.arange(n)
-    zc = z[idx]
-    p = np.exp(zc - zc.max())
-    p /= p.sum()
-    if s.min_p > 0.0:  # keep tokens with p >= min_p * p_max
-        keep = p >= s.min_p * p.max()
-        idx, p = idx[keep], p[keep]
-        p /= p.sum()
-    if s.top_p < 1.0:  # smallest set, by descending p, whose mass reaches top_p
-        order = _descending(p)
-        cum = np.cumsum(p[order])
-        cut = int(np.searchsorted(cum, s.top_p, side="left")) + 1
-        keep = order[:cut]
-        idx, p = idx[keep], p[keep]
-        p /= p.sum()
-    out[idx] = p
+    z = x[idx]
+    if s.top_p < 1.0:  # at temperature 1: the smallest descending prefix whose mass reaches top_p
+        p1 = np.exp(z - z.max())
+        p1 /= p1.sum()
+        order = _descending(p1)
+        cut = int(np.searchsorted(np.cumsum(p1[order]), s.top_p, side="left")) + 1
+        keep = np.sort(order[:cut])
+        idx, z = idx[keep], z[keep]
+    if s.min_p > 0.0:  # p >= min_p * p_max at temperature 1, written on logits as llama.cpp does
+        keep = z >= z.max() + np.log(s.min_p)
+        idx, z = idx[keep], z[keep]
+    z = z / s.temperature
+    p = np.exp(z - z.max())
+    out[idx] = p / p.sum()
     return out
 
 

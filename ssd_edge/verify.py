@@ -1,57 +1,38 @@
-"""Lossless verification of a draft against the target: pure functions on numpy.
+"""Lossless verification of a draft against the target: a pure function on token ids.
 
-Given k draft tokens d[0..k-1], the draft distributions q[0..k-1] they were
-sampled from, and the target's k+1 distributions p[0..k] (p[i] is the target's
-distribution for the position of d[i]; p[k] the one after the last draft
-token), return (a, b): the number of draft tokens accepted and the token the
-target emits next (recovery token if a < k, bonus token if a == k).
+Given k draft tokens d[0..k-1] and the target's own draws x[0..k] at the same
+positions (x[i] from the target's row for the position of d[i]; x[k] the one
+after the last draft token), return (a, b): the number of draft tokens
+accepted and the token the target emits next (its recovery token if a < k,
+its bonus token if a == k).
 
-The output of (accepted prefix, b) is distributed exactly as k+1 steps of
-sampling from the target alone (Leviathan et al. 2023; Chen et al. 2023).
+The target's draw at a position is its argmax when greedy, and otherwise the
+coupled Gumbel-max draw of coupling.py, keyed by (seed, position): an exact
+sample of the target's distribution that does not depend on the draft. So the
+rule is the same at every temperature: accept while the draft token equals the
+target's draw. What gets committed, d[:a] + [b] = x[:a + 1], is exactly what
+the target alone would have produced, token for token.
+
+The lossless rule for anything adaptive (drafters, the round planner, the SSD
+worker): whether drafted token e_j is verified may depend only on what was
+known before e_j was drawn (draft state up to e_{j-1}, timings, costs), never
+on tokens drawn after it. With this verifier, cutting a draft cannot bias the
+output (the committed tokens ignore the draft), but the code keeps the rule
+anyway: a branch that --draft-p-min ended counts as complete, --draft-min is a
+length fixed before drawing, so that a verifier whose output depended on q
+(rejection sampling) would stay exact too.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 
-from .sampling import sample
-
-
-def verify_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
-    """Temperature 0: accept while the draft token is the target's argmax."""
+def verify(draft: Sequence[int], target_draws: Sequence[int]) -> tuple[int, int]:
+    """Accept while the draft token is the target's own draw at its position."""
     k = len(draft)
-    assert len(target_argmax) == k + 1, "need one target row more than draft tokens"
+    assert len(target_draws) == k + 1, "need one target draw more than draft tokens"
     a = 0
-    while a < k and int(draft[a]) == int(target_argmax[a]):  # p is one-hot: accept iff equal
+    while a < k and int(draft[a]) == int(target_draws[a]):
         a += 1
-    return a, int(target_argmax[a])  # recovery (a < k) or bonus (a == k): the argmax either way
-
-
-def verify_sampled(draft: Sequence[int], q: np.ndarray | None, p: np.ndarray,
-                   rng: np.random.Generator) -> tuple[int, int]:
-    """Speculative sampling. q=None means a deterministic drafter (q is one-hot at d[i]).
-
-    q: (k, V) float64, p: (k+1, V) float64; rows are probability vectors.
-    """
-    k = len(draft)
-    assert p.shape[0] == k + 1, "need one target row more than draft tokens"
-    for i, x in enumerate(draft):
-        x = int(x)
-        qx = 1.0 if q is None else float(q[i, x])
-        px = float(p[i, x])
-        # accept x with probability min(1, p(x)/q(x)); q(x) >= p(x) is the only case that can reject
-        if px > 0.0 and (qx <= px or rng.random() * qx < px):
-            continue
-        # rejected: resample from norm(max(0, p - q)); its mass sits where p > q, never on x itself
-        if q is None:
-            residual = p[i].copy()
-            residual[x] = 0.0
-        else:
-            residual = np.maximum(p[i] - q[i], 0.0)
-        total = residual.sum()
-        if total <= 0.0:  # p == q up to rounding: any sample from p is exact
-            residual = p[i]
-        return i, sample(residual, rng)
-    return k, sample(p[k], rng)  # all accepted: the bonus token comes from the last target row
+    return a, int(target_draws[a])  # recovery (a < k) or bonus (a == k): the target's draw either way

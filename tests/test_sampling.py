@@ -18,26 +18,23 @@ def cfg(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: flo
 
 
 def reference(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
-    """Documented order: temperature, then top-k, min-p, top-p; ties go to the lower token id."""
+    """llama.cpp's chain: top-k, top-p, min-p (both at temperature 1), then temperature; ties go to
+    the lower token id."""
     z = np.asarray(logits, dtype=np.float64)
     out = np.zeros_like(z)
     if s.greedy:
         out[int(np.argmax(z))] = 1.0
         return out
-    z = z / s.temperature
     order = np.lexsort((np.arange(len(z)), -z))  # descending logit, then ascending id
     if 0 < s.top_k < len(z):
         order = order[: s.top_k]
-    p = np.exp(z[order] - z[order].max())
-    p /= p.sum()
-    if s.min_p > 0:
-        keep = p >= s.min_p * p.max()
-        order, p = order[keep], p[keep] / p[keep].sum()
     if s.top_p < 1.0:
-        cum = np.cumsum(p)  # `order` is already descending in p
-        n = int(np.argmax(cum >= s.top_p)) + 1 if cum[-1] >= s.top_p else len(p)
-        order, p = order[:n], p[:n] / p[:n].sum()
-    out[order] = p
+        cum = np.cumsum(softmax(z[order]))  # `order` is descending in p
+        n = int(np.argmax(cum >= s.top_p)) + 1 if cum[-1] >= s.top_p else len(order)
+        order = order[:n]
+    if s.min_p > 0:
+        order = order[z[order] >= z[order].max() + np.log(s.min_p)]
+    out[order] = softmax(z[order] / s.temperature)
     return out
 
 
@@ -132,6 +129,23 @@ def test_min_p_keeps_tokens_above_a_fraction_of_the_max():
             p = probs(row, cfg(1.0, min_p=min_p))
             assert (full[p > 0] >= min_p * full.max()).all()
             assert (full[p == 0] < min_p * full.max()).all()
+
+
+def test_filters_see_temperature_one_and_temperature_comes_last():
+    """llama.cpp's order: which tokens top-p and min-p keep does not depend on the temperature,
+    which only reshapes the survivors (the old order, temperature first, kept more tokens when hot)."""
+    for row in ROWS:
+        for s in (cfg(1.0, top_p=0.8), cfg(1.0, min_p=0.1), cfg(1.0, top_k=30, top_p=0.9, min_p=0.05)):
+            kept = np.flatnonzero(probs(row, s))
+            for t in (0.3, 2.5):
+                hot = probs(row, s.model_copy(update={"temperature": t}))
+                assert np.array_equal(np.flatnonzero(hot), kept)
+                np.testing.assert_allclose(hot[kept], softmax(row[kept] / t), rtol=1e-12)
+
+
+def test_top_k_ties_at_the_boundary_keep_the_lower_ids():
+    row = np.array([1.0, 3.0, 2.0, 2.0, 0.0, 2.0])
+    assert np.flatnonzero(probs(row, cfg(1.0, top_k=3))).tolist() == [1, 2, 3]
 
 
 def test_top_p_head_shortcut_equals_a_full_sort():

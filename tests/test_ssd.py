@@ -257,15 +257,30 @@ def test_backup_speculator_serves_rounds_on_a_repetitive_history():
     assert out.stats["speculators"].get("ngram", 0) > 0
 
 
+def in_target_support(tokens, prompt, s) -> list[int]:
+    """Positions whose token has probability 0 under the target's sampled distribution there."""
+    from fakes import lm_logits
+    from ssd_edge.sampling import probs
+
+    ctx, bad = list(prompt), []
+    for i, t in enumerate(tokens):
+        if probs(lm_logits(ctx), s)[t] == 0.0:
+            bad.append(i)
+        ctx.append(t)
+    return bad
+
+
 def test_ssd_sampled_runs_and_stays_in_the_target_support():
+    # top-k 3: the target's support after any prefix is its 3 likeliest tokens; the draft (which
+    # disagrees every 4th position) proposes tokens outside it, and those must never come out.
     eng, _ = fake_engine(disagree_every=4, target_delay=0.002)
     from ssd_edge.config import SamplingConfig
     s = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=7)
-    out = eng.complete(tokens=PROMPT, max_tokens=40, mode="ssd", sampling=s)
-    assert len(out.tokens) == 40
-    s2 = SamplingConfig(temperature=1.0, top_k=3, top_p=1.0, min_p=0.0, seed=7)
-    again = eng.complete(tokens=PROMPT, max_tokens=40, mode="sd", sampling=s2)
-    assert len(again.tokens) == 40
+    for mode in ("ssd", "sd"):
+        out = eng.complete(tokens=PROMPT, max_tokens=40, mode=mode, sampling=s)
+        assert len(out.tokens) == 40
+        assert in_target_support(out.tokens, PROMPT, s) == [], mode
+        assert out.stats["drafted"] > out.stats["accepted"] > 0, out.stats  # drafts were accepted and rejected
 
 
 def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeypatch):
@@ -280,7 +295,10 @@ def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeyp
     assert out.tokens == run(eng, "ar", n=30).tokens
     assert out.stats["prespec"]["partial_hits"] > 0 and out.stats["speculators"].get("none", 0) > 0
     s = SamplingConfig(temperature=0.8, seed=3)
-    assert len(eng.complete(tokens=PROMPT, max_tokens=30, mode="ssd", sampling=s).tokens) == 30
+    sampled = eng.complete(tokens=PROMPT, max_tokens=30, mode="ssd", sampling=s)
+    assert len(sampled.tokens) == 30 and in_target_support(sampled.tokens, PROMPT, s) == []
+    pre = sampled.stats["prespec"]
+    assert pre["partial_hits"] > 0 and sampled.stats["speculators"].get("none", 0) > 0, sampled.stats
 
 
 def test_cancel_stops_ssd_and_leaves_no_thread():
