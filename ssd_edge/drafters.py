@@ -23,7 +23,6 @@ from .sampling import probs, reshape_saguaro
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
-    q: np.ndarray | None  # (len(tokens), V) probabilities they were sampled from; None = deterministic
     source: str           # "draft", "ngram", "prespec"
     # the draft model's top candidates at each drafted position (for SSD's outcome ranking)
     cands: tuple["Candidates", ...] | None = None
@@ -32,11 +31,10 @@ class Draft:
         return len(self.tokens)
 
     def head(self, m: int) -> "Draft":
-        """The first m tokens (with their q rows and candidates)."""
+        """The first m tokens (with their candidates)."""
         if m >= len(self.tokens):
             return self
-        return Draft(self.tokens[:m], None if self.q is None else self.q[:m], self.source,
-                     None if self.cands is None else self.cands[:m])
+        return Draft(self.tokens[:m], self.source, None if self.cands is None else self.cands[:m])
 
 
 @dataclass(frozen=True)
@@ -57,7 +55,7 @@ def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> 
     return Candidates(idx.astype(np.int64), np.exp(z[idx] - log_norm))
 
 
-EMPTY = Draft((), None, "none")
+EMPTY = Draft((), "none")
 
 
 class Drafter(Protocol):
@@ -88,13 +86,13 @@ class NgramDrafter:
                 start = int(hits[-1]) + n
                 cont = h[start:start + k]
                 if len(cont):
-                    return Draft(tuple(int(t) for t in cont), None, "ngram")
-        return Draft((), None, "ngram")
+                    return Draft(tuple(int(t) for t in cont), "ngram")
+        return Draft((), "ngram")
 
 
 def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, saguaro_factor: float = 1.0
                 ) -> np.ndarray | None:
-    """The q row a draft token is sampled from; None for greedy (deterministic, one-hot)."""
+    """The q row a draft token is drawn from (with the coupled noise); None for greedy (the argmax)."""
     if s.greedy:
         return None
     return reshape_saguaro(probs(logits, s), saguaro_top, saguaro_factor)
@@ -129,10 +127,10 @@ class ModelDrafter:
         # single draft steps after that, their ms); for the round planner's draft costs
         self.timing: tuple[int, float, int, float] | None = None
 
-    def pick(self, logits: np.ndarray, position: int) -> tuple[int, np.ndarray | None]:
-        """Choose the draft token for sequence position `position` from one logit row: (token, q row or None)."""
+    def pick(self, logits: np.ndarray, position: int) -> int:
+        """The draft token for sequence position `position`, from one logit row."""
         q = draft_probs(logits, self.sampling, *self.saguaro)
-        return (int(np.argmax(logits)) if q is None else gumbel_pick(q, self.seed, position)), q
+        return int(np.argmax(logits)) if q is None else gumbel_pick(q, self.seed, position)
 
     def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None) -> Draft:
         t0 = time.perf_counter()
@@ -144,11 +142,10 @@ class ModelDrafter:
     def cand_temperature(self) -> float:
         return 1.0 if self.sampling.greedy else self.sampling.temperature
 
-    def extend(self, history: Sequence[int], tokens: Sequence[int] = (), qs: Sequence = (),
-               cands: Sequence[Candidates] = (), k: int = 4, cancelled: Callable[[], bool] | None = None,
-               source: str = "draft") -> Draft:
-        """Continue a draft (tokens, their q rows and candidates) that follows `history` until it has k tokens."""
-        toks, qs, cands = list(tokens), list(qs), list(cands)
+    def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
+               k: int = 4, cancelled: Callable[[], bool] | None = None, source: str = "draft") -> Draft:
+        """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens."""
+        toks, cands = list(tokens), list(cands)
         full = list(history) + toks
         unread = max(0, len(full) - common_prefix(self.kv.tokens, full) - 1)
         t0 = time.perf_counter()
@@ -158,9 +155,8 @@ class ModelDrafter:
         while len(toks) < k:
             if self.p_min > 0 and confidence(row) < self.p_min:
                 break
-            t, q = self.pick(row, len(self.kv.tokens))
+            t = self.pick(row, len(self.kv.tokens))
             toks.append(t)
-            qs.append(q)
             cands.append(top_candidates(row, self.cand_temperature()))
             if len(toks) == k:
                 break
@@ -168,5 +164,4 @@ class ModelDrafter:
             self.kv.tokens.append(t)
             steps += 1
         self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
-        q = None if self.sampling.greedy or not qs else np.stack(qs)
-        return Draft(tuple(toks), q, source, tuple(cands))
+        return Draft(tuple(toks), source, tuple(cands))

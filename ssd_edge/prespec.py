@@ -22,8 +22,7 @@ checks its inbox between decodes, so a verification result is served within
 one draft decode. Branches never hold more than `budget_cells` KV cells.
 
 Losslessness does not depend on any of this: a prepared draft is only a
-proposal, verified against the target like any other, with the q rows it was
-sampled from.
+proposal, verified against the target like any other (verify.py).
 """
 
 from __future__ import annotations
@@ -88,16 +87,14 @@ class Branch:
     pos: int                  # next KV position to write in this sequence
     feed: int                 # the token to decode next (b, then each drafted token)
     tokens: list[int] = field(default_factory=list)
-    qs: list[Any] = field(default_factory=list)
     cands: list[Candidates] = field(default_factory=list)
     cells: int = 0            # KV cells this branch holds beyond the shared prefix
     done: bool = False
 
     def draft(self, n: int) -> Draft:
-        """Its first n drafted tokens (at most what it has), with their q rows and candidates."""
+        """Its first n drafted tokens (at most what it has), with their candidates."""
         n = min(n, len(self.tokens))
-        q = None if not n or self.qs[0] is None else np.stack(self.qs[:n])
-        return Draft(tuple(self.tokens[:n]), q, "prespec", tuple(self.cands[:n]))
+        return Draft(tuple(self.tokens[:n]), "prespec", tuple(self.cands[:n]))
 
 
 class SpeculationCache:
@@ -260,7 +257,7 @@ class PrespecWorker:
         assert br is not None, "extend() follows a lookup that found a branch"
         t0 = time.perf_counter()
         try:
-            return self.drafter.extend(history, br.tokens, br.qs, br.cands, k=k, cancelled=self.cancelled,
+            return self.drafter.extend(history, br.tokens, br.cands, k=k, cancelled=self.cancelled,
                                        source="prespec")
         finally:
             self._busy(t0)
@@ -339,9 +336,8 @@ class PrespecWorker:
                 if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
                     br.done = True
                     continue
-                t, q = drafter.pick(row, br.pos)
+                t = drafter.pick(row, br.pos)
                 br.tokens.append(t)
-                br.qs.append(q)
                 br.cands.append(top_candidates(row, drafter.cand_temperature()))
                 br.feed = t
                 self.meter.prepared_tokens += 1

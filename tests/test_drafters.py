@@ -14,7 +14,7 @@ from ssd_edge.sampling import probs
 
 def test_ngram_match_proposes_what_followed():
     d = NgramDrafter(1, 4).propose([1, 2, 3, 4, 5, 1, 2, 3], 3)
-    assert d.tokens == (4, 5, 1) and d.q is None and d.source == "ngram"
+    assert d.tokens == (4, 5, 1) and d.source == "ngram"
 
 
 def test_ngram_no_match_proposes_nothing():
@@ -53,7 +53,7 @@ def test_ngram_never_matches_the_tail_against_itself():
 
 
 def test_empty_draft():
-    assert len(EMPTY) == 0 and EMPTY.q is None
+    assert len(EMPTY) == 0 and EMPTY.head(3) is EMPTY
 
 
 # ---------------------------------------------------------------- draft-side probabilities
@@ -122,10 +122,10 @@ def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model)
     history = draft_model.tokenize("The capital of France is Paris. The capital of Italy is")
     ctx = Context(draft_model, 512, 512, 1)
     try:
-        drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), np.random.default_rng(0))
+        drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), 0)
         d = drafter.propose(history, 5)
         assert list(d.tokens) == greedy_reference(draft_model, history, 5)
-        assert d.q is None and d.source == "draft" and len(d.cands) == 5
+        assert d.source == "draft" and len(d.cands) == 5
         assert all(int(c.ids[0]) == t for c, t in zip(d.cands, d.tokens))  # greedy: the top candidate
         # the target accepted two tokens and emitted another: the drafter rolls back and continues
         other = next(t for t in range(100, 200) if t != d.tokens[2])
@@ -138,22 +138,33 @@ def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model)
 
 
 @pytest.mark.real
-def test_model_drafter_sampled_rows_and_p_min(draft_model):
+def test_model_drafter_sampled_draws_and_p_min(draft_model):
     from ssd_edge.backend import Context
-    from ssd_edge.drafters import ModelDrafter
+    from ssd_edge.coupling import gumbel_pick
+    from ssd_edge.drafters import ModelDrafter, draft_probs
     from ssd_edge.kvseq import KVSeq
 
     history = draft_model.tokenize("Once upon a time, in a small village, there lived a")
     s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05)
     ctx = Context(draft_model, 512, 512, 1)
     try:
-        drafter = ModelDrafter(KVSeq(ctx), s, np.random.default_rng(0))
+        drafter = ModelDrafter(KVSeq(ctx), s, 7)
         d = drafter.propose(history, 4)
-        assert len(d) == 4 and d.q.shape == (4, draft_model.n_vocab)
-        np.testing.assert_allclose(d.q.sum(axis=1), 1.0, rtol=1e-9)
-        assert all(d.q[i, t] > 0 for i, t in enumerate(d.tokens))  # each token was drawn from its row
+        assert len(d) == 4
+        # each token is the coupled draw of (seed 7, its position) from the draft's row there
+        fresh = Context(draft_model, 512, 512, 1)
+        try:
+            full = history + list(d.tokens)
+            n = len(history)
+            logits = fresh.decode(full[:-1], range(len(full) - 1), [0] * (len(full) - 1), list(range(n - 1, len(full) - 1)))
+        finally:
+            fresh.close()
+        for i, t in enumerate(d.tokens):
+            assert t == gumbel_pick(draft_probs(logits[i], s), 7, n + i)
+        # the same seed drafts the same tokens again (after a rollback), another seed mostly not
+        assert drafter.propose(history, 4).tokens == d.tokens
         # an impossible confidence floor drafts nothing; the engine then verifies no draft
-        strict = ModelDrafter(KVSeq(Context(draft_model, 512, 512, 1)), s, np.random.default_rng(0), p_min=0.999)
+        strict = ModelDrafter(KVSeq(Context(draft_model, 512, 512, 1)), s, 0, p_min=0.999)
         assert len(strict.propose(history, 4)) == 0
         strict.ctx.close()
     finally:

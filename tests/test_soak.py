@@ -26,7 +26,7 @@ from ssd_edge.signals import CancelOnSignal
 
 pytestmark = pytest.mark.real
 
-MODES = ("ar", "sd", "lookup", "ssd")
+MODES = ("ar", "sd", "lookup", "ssd", "auto")
 PROMPTS = ("Once upon a time", "def fibonacci(n):", "The three primary colours are", "1, 2, 3, 4,")
 RSS_GROWTH_LIMIT = 50 << 20  # bytes
 N_RUNS = 200
@@ -59,7 +59,7 @@ class Sink:
 
 def one_run(engine, i: int) -> str:
     """Generation i: its kind is fixed by i, so every run of the test does the same work."""
-    mode = MODES[i % 4]
+    mode = MODES[i % len(MODES)]
     engine.configure(mode=mode, temperature=0.0 if i % 3 else 0.8, seed=i)
     prompt = PROMPTS[(i // 4) % len(PROMPTS)]
     max_tokens = 8 + i % 9
