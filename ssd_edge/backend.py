@@ -414,3 +414,18 @@ class TextStream:
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
+
+
+QUANT_TYPES = {"q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0, "q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
+               "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0}
+
+
+def quantize(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
+    """Requantize the GGUF file `src` into `dst` (llama_model_quantize; threads 0 = all cores)."""
+    init()
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[kind]
+    params.allow_requantize = True
+    params.nthread = threads
+    if ll.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)) != 0:
+        raise CorruptModelError(f"llama.cpp could not requantize {src} to {kind}")

@@ -272,8 +272,10 @@ def _default_pair(args: argparse.Namespace) -> tuple[str, str]:
 
     if args.model and args.model_draft:
         return args.model, args.model_draft
+    from .derive import default_draft
+
     cat = load_catalog()
-    return args.model or cat.default_target, args.model_draft or cat.default_draft
+    return args.model or cat.default_target, args.model_draft or default_draft(getattr(args, "models_dir", None))
 
 
 def _print(p: prof.Profile, path, console) -> None:

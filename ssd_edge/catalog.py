@@ -104,8 +104,23 @@ def model_path(model: CatalogModel, models_dir: Path | None = None) -> Path:
     return paths.models_dir(models_dir) / model.file
 
 
+DERIVED_KINDS = ("q4_0", "q4_1", "q8_0")  # what `ssd-edge models derive-draft --type` can make
+
+
+def derived_path(model: CatalogModel, kind: str, models_dir: Path | None = None) -> Path:
+    """Where `ssd-edge models derive-draft` keeps `model` requantized to `kind` (beside the original)."""
+    return paths.models_dir(models_dir) / f"{Path(model.file).stem}.{kind}.gguf"
+
+
+def split_variant(name: str) -> tuple[str, str | None]:
+    """'qwen2.5-coder-0.5b:q4_0' -> ('qwen2.5-coder-0.5b', 'q4_0'); a plain name has no variant."""
+    base, sep, kind = name.partition(":")
+    return (base, kind) if sep else (name, None)
+
+
 def resolve_model(name_or_path: str | os.PathLike[str], models_dir: Path | None = None) -> Path:
-    """A catalog name or a path to a GGUF file -> the path of a file that exists."""
+    """A catalog name (NAME, or NAME:KIND for a derived variant) or a path to a GGUF file -> the
+    path of a file that exists."""
     text = os.fspath(name_or_path)
     candidate = Path(text).expanduser()
     if candidate.exists() or text.endswith(".gguf") or os.sep in text:
@@ -114,7 +129,16 @@ def resolve_model(name_or_path: str | os.PathLike[str], models_dir: Path | None 
         if candidate.is_dir():
             raise ModelNotFoundError(f"model path is a directory, not a GGUF file: {candidate}")
         return candidate
-    model = load_catalog().get(text)
+    name, kind = split_variant(text)
+    model = load_catalog().get(name)
+    if kind is not None:
+        if kind not in DERIVED_KINDS:
+            raise ModelNotFoundError(f"unknown variant '{kind}' of {name}: choose one of {', '.join(DERIVED_KINDS)}")
+        path = derived_path(model, kind, models_dir)
+        if not path.exists():
+            raise ModelNotFoundError(f"model '{text}' is not derived yet: run `ssd-edge models derive-draft {name} "
+                                     f"--type {kind}` ({path})")
+        return path
     path = model_path(model, models_dir)
     if not path.exists():
         raise ModelNotFoundError(f"model '{text}' is not downloaded yet: run `ssd-edge models pull {text}` ({path})")

@@ -37,6 +37,11 @@ def models_table(cat: catalog.Catalog, models_dir: Path) -> Table:
     for m in cat.models:
         role = m.role + (" (default)" if m.name in (cat.default_target, cat.default_draft) else "")
         table.add_row(m.name, role, f"{m.size / 1e6:,.0f} MB", presence(m, catalog.model_path(m, models_dir)), m.file)
+        for kind in catalog.DERIVED_KINDS:  # variants `models derive-draft` made here
+            path = catalog.derived_path(m, kind, models_dir)
+            if path.exists():
+                table.add_row(f"{m.name}:{kind}", f"{m.role}, derived", f"{path.stat().st_size / 1e6:,.0f} MB",
+                              "yes", path.name)
     return table
 
 

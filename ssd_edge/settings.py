@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from . import paths
 from .catalog import load_catalog
 from .config import MODES, EngineConfig, split_threads, usable_cores
+from .derive import default_draft
 from .errors import ConfigError
 
 try:  # Python 3.11+
@@ -60,8 +61,9 @@ _M, _R, _S, _X, _O = "Models", "Runtime", "Sampling", "Speculation", "Output"
 OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("model", ("-m", "--model"), str, "target model: a catalog name or a .gguf path (default: the "
            "catalog's default target)", _M),
-    Option("model_draft", ("-md", "--model-draft"), str, "draft model: a catalog name or a .gguf path (default: "
-           "the catalog's default draft when the target is the default target, else none)", _M),
+    Option("model_draft", ("-md", "--model-draft"), str, "draft model: a catalog name (NAME:q4_0 for a variant made by `models "
+           "derive-draft`) or a .gguf path (default: the catalog's default draft when the target is the default "
+           "target, as its q4_0 variant once derived; else none)", _M),
     Option("no_draft", ("--no-draft",), bool, "run without a draft model (modes ar and lookup only)", _M),
     Option("models_dir", ("--models-dir",), str, "folder of pulled models", _M, env="SSD_EDGE_MODELS"),
     Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all; "
@@ -237,7 +239,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     elif s["model_draft"]:
         draft = s["model_draft"]
     else:
-        draft = cat.default_draft if target == cat.default_target else None
+        draft = default_draft(s.models_dir) if target == cat.default_target else None
     mode = s["mode"] or "auto"
     if mode not in MODES:
         raise s.invalid("mode", "choose one of " + ", ".join(MODES))

@@ -61,9 +61,9 @@ def test_stop_repeats_and_switches():
     assert s["stop"] == ["###"] and s["no_draft"] is True
 
 
-def test_default_models_and_mode():
+def test_default_models_and_mode(tmp_path):
     cat = load_catalog()
-    ec = engine_config(resolve({}, {}), cores=2)
+    ec = engine_config(resolve({}, {"SSD_EDGE_MODELS": str(tmp_path)}), cores=2)  # no derived draft there
     assert ec.target.path == cat.default_target and ec.draft.path == cat.default_draft
     # auto by default; on 2 cores its two models take turns, each with both cores
     assert ec.mode == "auto" and (ec.target.threads, ec.draft.threads) == (2, 2)
