@@ -159,6 +159,8 @@ class Planner:
         self.rounds_since_draft = 0
         self.shadow = NgramShadow(ngram, k) if ngram is not None else None
         self.decisions: dict[str, int] = {}
+        # every decision: (kind, m, expected tok/s, runner-up kind, its m, its expected tok/s)
+        self.log: list[tuple] = []
 
     # ------------------------------------------------------------ estimates
     def alpha(self, kind: Kind, i: int) -> float:
@@ -209,6 +211,7 @@ class Planner:
                    for r2, k2, m2 in rest if k2 != kind), None)
         d = Decision(kind, m, rate, ru)
         self.decisions[kind] = self.decisions.get(kind, 0) + 1
+        self.log.append((kind, m, round(rate * 1e3, 2), *((ru[0], ru[1], round(ru[2] * 1e3, 2)) if ru else ())))
         log.debug("plan: %s", d.describe())
         return d
 
@@ -262,7 +265,8 @@ class Planner:
                 "ngram_alpha": round(self.ngram_alpha.value, 3),
                 "step_ms": round(self.step_ms(), 2),
                 "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
-                "draft_step_ms": round(self.draft_cost.ms(1), 2)}
+                "draft_step_ms": round(self.draft_cost.ms(1), 2),
+                "rounds": [list(x) for x in self.log]}
 
 
 class NgramShadow:

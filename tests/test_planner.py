@@ -134,5 +134,7 @@ def test_report_names_every_estimate():
     p = planner()
     p.plan(Offer(3, draft=True))
     rep = p.report()
-    assert set(rep) >= {"decisions", "draft_alpha", "ngram_alpha", "step_ms", "verify_ms", "draft_step_ms"}
+    assert set(rep) >= {"decisions", "draft_alpha", "ngram_alpha", "step_ms", "verify_ms", "draft_step_ms", "rounds"}
     assert sum(rep["decisions"].values()) == 1
+    (kind, m, rate, ru_kind, ru_m, ru_rate), = rep["rounds"]  # why: the choice and the runner-up, in tok/s
+    assert kind in ("plain", "draft") and ru_kind != kind and rate >= ru_rate > 0
