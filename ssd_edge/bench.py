@@ -418,7 +418,8 @@ class Bench:
                         if measured:
                             self.notes.append(f"calibrated this device before the run ({prof.calibration_s:.0f} s)")
                 elif "auto" in a.modes:
-                    self.notes.append("auto ran without a calibration profile (--no-calibrate): it falls back to ssd")
+                    self.notes.append("auto ran without a calibration profile (--no-calibrate): its planner priced verifies "
+                                      "from what each generation timed")
                 tick(f"{s.name}: warm-up")
                 for mode in a.modes:
                     run_one(engine, s.name, mode, BenchPrompt(id="warmup", category="chat", messages=WARMUP),
@@ -524,7 +525,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the shipped suite")
     ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per generation (default 128)")
     ap.add_argument("-k", "--draft-max", dest="k", type=int, default=SpecConfig().k,
-                    help=f"draft length k of sd, lookup and ssd (default {SpecConfig().k}); auto picks its own")
+                    help=f"draft length k, the most tokens a round drafts, in every mode (default {SpecConfig().k}); "
+                         "auto plans 0..k each round")
     ap.add_argument("--reps", type=int, default=1, help="passes over the prompt suite (default 1)")
     ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i in every mode (default 0)")
     ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
@@ -539,7 +541,8 @@ def parser() -> argparse.ArgumentParser:
                          "(to find its best k there); it always runs at -k on every prompt")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp's speculative decoding")
     ap.add_argument("--no-calibrate", action="store_true",
-                    help="never calibrate; without a saved profile auto falls back to ssd")
+                    help="never calibrate; without a saved profile auto's planner prices verifies from what each "
+                         "generation times")
     ap.add_argument("--recalibrate", action="store_true", help="calibrate again before the run even if a profile exists")
     ap.add_argument("--no-plot", action="store_true", help="skip bench.png")
     ap.add_argument("-v", "--verbose", action="store_true", help="let llama.cpp print its logs")
