@@ -466,7 +466,7 @@ class Engine:
                 policy = PrespecPolicy(p, cfg.spec.k, self._plain_step_ms(cfg.target.threads),
                                        self._verify_curve(cfg.target.threads))
                 worker = self._worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
-            planner = Planner(cfg.spec.k, verify_curve=self._verify_curve(cfg.target.threads),
+            planner = Planner(cfg.spec.k, k_min=cfg.spec.k_min, verify_curve=self._verify_curve(cfg.target.threads),
                               draft_curve=self._draft_curve(cfg.draft.threads) if cfg.draft else None,
                               step_ms=self._plain_step_ms(cfg.target.threads), ngram=ngram)
             return _Planned(planner, drafter, worker, cancelled, meter)
@@ -498,6 +498,7 @@ class Engine:
                 t_round = time.perf_counter()
                 prop = strategy.propose(history, k, max_tokens - len(out)) if k > 0 else Proposal(EMPTY, "none", None)
                 draft = self._min_draft(prop.draft, cfg.spec.k_min)
+                prop = prop._replace(draft=draft)  # what is verified (--draft-min may have cut it)
                 t_verify = time.perf_counter()
                 strategy.verifying(history, draft, k_max)
                 rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, cancel.is_set)

@@ -143,10 +143,12 @@ class Decision:
 class Planner:
     """Live estimates and the per-round decision (see the module docstring)."""
 
-    def __init__(self, k: int, *, verify_curve: Sequence[float] | None = None, draft_curve: Sequence[float] | None = None,
+    def __init__(self, k: int, *, k_min: int = 0, verify_curve: Sequence[float] | None = None,
+                 draft_curve: Sequence[float] | None = None,
                  step_ms: float | None = None, draft_ms: float | None = None, ngram: NgramDrafter | None = None,
                  draft_prior: float = 0.7) -> None:
         self.k = k
+        self.k_min = k_min  # --draft-min: no round verifies fewer drafted tokens (but none)
         step = step_ms or (verify_curve[0] if verify_curve else 100.0)
         # Without a profile: a CPU-like prior (4 tokens cost ~1.7 steps, FIELD_NOTES) until timed.
         self.target = Costs(verify_curve, step, 0.25)
@@ -190,7 +192,7 @@ class Planner:
     def plan(self, offer: Offer) -> Decision:
         k = offer.k
         scored: list[tuple[float, Kind, int]] = [(1.0 / self.step_ms() * (1.0 + PLAIN_MARGIN), "plain", 0)]
-        for m in range(1, k + 1):
+        for m in range(max(1, self.k_min), k + 1):
             verify = self.target.ms(m + 1)
             if m <= offer.ngram:
                 scored.append((self.gain("ngram", m) / verify, "ngram", m))

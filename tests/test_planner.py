@@ -138,3 +138,12 @@ def test_report_names_every_estimate():
     assert sum(rep["decisions"].values()) == 1
     (kind, m, rate, ru_kind, ru_m, ru_rate), = rep["rounds"]  # why: the choice and the runner-up, in tok/s
     assert kind in ("plain", "draft") and ru_kind != kind and rate >= ru_rate > 0
+
+
+def test_draft_min_is_never_planned_below():
+    p = planner(k_min=2)
+    for _ in range(10):  # a perfect n-gram record
+        p.ngram_alpha.add(1.0)
+    assert p.plan(Offer(3, ngram=1)).kind == "plain"  # one n-gram token is below --draft-min 2
+    d = p.plan(Offer(3, ngram=3))
+    assert d.kind == "ngram" and d.m >= 2
