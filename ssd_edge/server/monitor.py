@@ -36,8 +36,9 @@ class Monitor:
         r = self.registry = CollectorRegistry()
         self.requests = Counter("ssd_edge_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
-        self.generations = Counter("ssd_edge_generations", "jobs ended, by how: stop, length, cancelled (client "
-                                   "gone or shutdown), withdrawn (left the queue before it ran), error",
+        self.generations = Counter("ssd_edge_generations", "jobs ended, by how: eos, stop, length, context, "
+                                   "cancelled (client gone or shutdown), withdrawn (left the queue before it ran), "
+                                   "error",
                                    ["reason"], registry=r)
         self.prompt_tokens = Counter("ssd_edge_prompt_tokens", "prompt tokens read", registry=r)
         self.completion_tokens = Counter("ssd_edge_completion_tokens", "tokens generated, by where each came "
