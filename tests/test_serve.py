@@ -679,10 +679,16 @@ def test_real_server_with_the_openai_client(small_pair, tmp_path):
                                                max_tokens=12, seed=5, temperature=0.8, extra_body={"mode": "ssd"})
         assert chat.choices[0].message.content == again.choices[0].message.content
         assert chat.model_extra["speculation"]["mode"] == "auto"
-        stop = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Count: 1, 2,"}],
-                                              max_tokens=24, temperature=0, stop=[","], stream=True)
-        chunks = list(stop)
-        assert "," not in "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        ask = [{"role": "user", "content": "Name three colours."}]
+        full = client.chat.completions.create(model=model, messages=ask, max_tokens=24, temperature=0)
+        words = full.choices[0].message.content.split()
+        assert len(words) >= 3, full
+        stop_at = words[2]  # a stop string the greedy answer is known to contain
+        chunks = list(client.chat.completions.create(model=model, messages=ask, max_tokens=24, temperature=0,
+                                                     stop=[stop_at], stream=True))
+        text = full.choices[0].message.content
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text[:text.index(stop_at)]
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
         import openai
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2)
