@@ -596,8 +596,8 @@ def test_load_20_clients_100_requests_some_leaving(live, monkeypatch):
 
 RUNNER = """
 import sys, threading
-sys.path.insert(0, {tests!r})
-from test_serve import fake_engine
+sys.path[:0] = {paths!r}
+from {module} import fake_engine
 from ssd_edge.server.runner import serve
 from ssd_edge.settings import resolve
 from ssd_edge.signals import terminate_as_interrupt
@@ -612,7 +612,10 @@ sys.exit(code)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_the_server_gracefully_with_exit_0(sig, tmp_path):
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER.format(tests=str(Path(__file__).parent))],
+    import fakes  # wherever the tests live, the runner imports this file and the fakes as they were found
+
+    paths = [str(Path(__file__).parent), str(Path(fakes.__file__).parent)]
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER.format(paths=paths, module=Path(__file__).stem)],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         url = None
