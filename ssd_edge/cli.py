@@ -5,6 +5,7 @@
     ssd-edge models derive-draft [NAME]   requantize a draft on this device (faster on AVX-512 CPUs)
     ssd-edge generate "PROMPT"            stream a completion (PROMPT omitted or -: read stdin)
     ssd-edge chat                         chat in the terminal
+    ssd-edge serve                        an OpenAI-compatible server (chat, completions, /metrics)
     ssd-edge tui                          the full-screen app (also: ssd-edge with no command)
     ssd-edge bench ... | calibrate ...    measure; arguments go to those tools
 
@@ -76,7 +77,7 @@ models_app = typer.Typer(help="List and fetch the catalog's models.", epilog=EPI
                          rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(models_app, name="models")
 
-ENGINE_OPTIONS = list(OPTIONS)
+ENGINE_OPTIONS = [n for n in OPTIONS if n not in settings.SERVER_OPTIONS]
 FILE_OPTIONS = ["models_dir", "config", "debug"]
 
 
@@ -362,6 +363,22 @@ def _tui(flags: dict[str, Any]) -> None:
             raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
         code = run_app(cfg, str(s.models_dir))
     raise typer.Exit(code if isinstance(code, int) else 0)
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS + settings.SERVER_OPTIONS)
+def serve(*, flags: dict[str, Any]) -> None:
+    """Serve an OpenAI-compatible API (chat, completions, streaming) and Prometheus /metrics.
+
+    One engine, one generation at a time, a bounded queue behind it. Listens on 127.0.0.1:8080;
+    --host opens it to other machines and then needs --api-key. SIGTERM or Ctrl-C stops it (exit 0)."""
+    from .server.runner import serve as run_server
+
+    with reported(flags):
+        s = settings.resolve(flags)
+        code = run_server(s, load_engine, model_label(s["model"] or catalog.load_catalog().default_target),
+                          lambda line: _stderr().print(escape(line)))
+    raise typer.Exit(code)
 
 
 _PASSTHROUGH = dict(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},

@@ -57,7 +57,7 @@ class Option:
         return "/".join(self.decls)
 
 
-_M, _R, _S, _X, _O = "Models", "Runtime", "Sampling", "Speculation", "Output"
+_M, _R, _S, _X, _O, SERVER = "Models", "Runtime", "Sampling", "Speculation", "Output", "Server"
 OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("model", ("-m", "--model"), str, "target model: a catalog name or a .gguf path (default: the "
            "catalog's default target)", _M),
@@ -94,7 +94,17 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("config", ("--config",), str, "TOML config file (default ~/.config/ssd-edge/config.toml)", _O),
     Option("verbose", ("--verbose",), bool, "show llama.cpp's own logs", _O),
     Option("debug", ("--debug",), bool, "show tracebacks and debug logs", _O),
+    # `ssd-edge serve` only
+    Option("host", ("--host",), str, "address to listen on (default 127.0.0.1, this machine only; any other "
+           "needs --api-key)", SERVER),
+    Option("port", ("--port",), int, "port to listen on (default 8080; 0: any free port)", SERVER),
+    Option("api_key", ("--api-key",), str, "require 'Authorization: Bearer KEY' on every request but /health",
+           SERVER),
+    Option("max_queue", ("--max-queue",), int, "requests that may wait while one generates; beyond them: 503 "
+           "with Retry-After (default 8)", SERVER),
+    Option("max_body", ("--max-body",), int, "largest request body in bytes (default 4194304)", SERVER),
 ]}
+SERVER_OPTIONS = [n for n, o in OPTIONS.items() if o.panel == SERVER]
 
 # EngineConfig field -> option, to name the flag in a validation error.
 _FIELD_OPTION = {

@@ -1,0 +1,363 @@
+"""The HTTP face: an OpenAI-compatible API on a Starlette app.
+
+    POST /v1/chat/completions   chat (messages), streamed as server-sent events with "stream": true
+    POST /v1/completions        plain prompt completion (what editors use for code)
+    GET  /v1/models             the one served model
+    GET  /health                liveness and the queue (no API key needed)
+    GET  /metrics               Prometheus text format (monitor.py)
+
+A request is read and validated here (protocol.py), its prompt tokenized, and its generation
+queued on the scheduler; the handler then relays the job's events: as one JSON object, or as
+chunks ending in `data: [DONE]`. A client that disconnects has its job withdrawn (cancelled at
+the next round, or dropped from the queue). Every error is a JSON body in OpenAI's shape; a
+malformed request is always a 4xx, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections import Counter
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+import anyio
+from pydantic import ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..config import SamplingConfig, SpecConfig
+from ..errors import ContextFullError, SSDEdgeError
+from ..events import FinishEvent, TokenEvent
+from ..settings import reason
+from .monitor import CONTENT_TYPE, Monitor
+from .protocol import APIError, ChatRequest, CompletionRequest, Reply, bad_request, parse
+from .scheduler import Failure, Job, QueueFull, Scheduler, ShuttingDown, Work
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 4 << 20   # bytes; a 128k-token prompt is ~0.5 MB of JSON
+PUBLIC = {"/health"}  # paths that need no API key
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+CLIENT_GONE = 499     # nginx's "client closed request": counted in /metrics, never seen by the client
+
+
+def error_response(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+class Guard:
+    """ASGI middleware in front of everything: the API key, the body size limit, and the
+    count of requests by endpoint and status for /metrics."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int, monitor: Monitor) -> None:
+        self.app, self.api_key, self.max_body, self.monitor = app, api_key, max_body, monitor
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        status = [CLIENT_GONE]
+
+        async def send_counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send_counted)
+                return
+            await self.app(scope, self._limited(receive), send_counted)
+        finally:
+            self.monitor.requests.labels(path if path in ENDPOINTS else "other", str(status[0])).inc()
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        headers = dict(scope["headers"])
+        if self.api_key and scope["path"] not in PUBLIC:
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            scheme, _, token = auth.partition(" ")
+            if scheme.lower() != "bearer" or not token:
+                return APIError(401, "missing API key: send the header 'Authorization: Bearer KEY'",
+                                code="invalid_api_key")
+            if not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+                return APIError(401, "invalid API key", code="invalid_api_key")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return _too_large(self.max_body)
+        return None
+
+    def _limited(self, receive: Receive) -> Receive:
+        """receive() that refuses a body (e.g. chunked, without a length) once it passes max_body."""
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _too_large(self.max_body)
+            return message
+        return limited
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes (--max-body)", code="request_too_large")
+
+
+class API:
+    """The routes, over one engine and its scheduler."""
+
+    def __init__(self, engine: Any, model_id: str, monitor: Monitor, max_queue: int,
+                 default_max_tokens: int | None, stream_grace_s: float) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.monitor = monitor
+        self.base = engine.config  # per-request settings are validated against the server's own
+        self.default_max_tokens = default_max_tokens
+        self.stream_grace_s = stream_grace_s
+        self.scheduler = Scheduler(engine, monitor, max_queue)
+        self.started = int(time.time())
+
+    # ------------------------------------------------------------ small routes
+    async def health(self, request: Request) -> Response:
+        s = self.scheduler
+        body = {"status": "ok", "model": self.model_id, "busy": s.busy, "queue_depth": s.depth,
+                "queue_capacity": s.max_queue}
+        return JSONResponse(body)
+
+    def _model(self) -> dict[str, Any]:
+        cfg = self.base
+        return {"id": self.model_id, "object": "model", "created": self.started, "owned_by": "ssd-edge",
+                "meta": {"target": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None,
+                         "mode": cfg.mode, "n_ctx": cfg.n_ctx}}
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        self._check_model(request.path_params["model"])
+        return JSONResponse(self._model())
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.monitor.exposition(), media_type=CONTENT_TYPE)
+
+    # ------------------------------------------------------------ completions
+    async def chat(self, request: Request) -> Response:
+        req: ChatRequest = parse(ChatRequest, await _json(request))
+        self._check(req)
+        messages = req.chat()
+        tokens = await run_in_threadpool(self.engine.prompt_tokens, None, messages)
+        return await self._respond(request, req, self._work(req, tokens, "messages"), Reply("chat", self.model_id,
+                                                                                              len(tokens)))
+
+    async def completions(self, request: Request) -> Response:
+        req: CompletionRequest = parse(CompletionRequest, await _json(request))
+        self._check(req)
+        prompt = req.prompt_text_or_ids()
+        if isinstance(prompt, str):
+            # special tokens parsed, as llama-server does: an editor's fill-in-the-middle prompt is made of them
+            tokens = await run_in_threadpool(self.engine.target.tokenize, prompt, add_special=True,
+                                             parse_special=True)
+        else:
+            n_vocab = self.engine.target.n_vocab
+            if any(not 0 <= t < n_vocab for t in prompt):
+                raise bad_request(f"prompt: token ids must be in [0, {n_vocab})", "prompt")
+            tokens = list(prompt)
+        return await self._respond(request, req, self._work(req, tokens, "prompt"), Reply("text", self.model_id,
+                                                                                            len(tokens)))
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_id:
+            raise APIError(404, f"the model '{name}' does not exist here; this server serves '{self.model_id}' "
+                           "(GET /v1/models)", param="model", code="model_not_found")
+
+    def _check(self, req: ChatRequest | CompletionRequest) -> None:
+        self._check_model(req.model)
+        req.refused()
+        if req.mode in ("sd", "ssd") and self.engine.draft is None:
+            raise bad_request(f"mode: '{req.mode}' needs a draft model, and this server runs without one "
+                              "(use ar, lookup or auto)", "mode")
+
+    def _work(self, req: ChatRequest | CompletionRequest, tokens: list[int], prompt_param: str) -> Work:
+        n_ctx = self.base.n_ctx
+        if not tokens:
+            raise bad_request(f"{prompt_param}: the prompt is empty", prompt_param)
+        if len(tokens) >= n_ctx:
+            raise bad_request(f"the prompt has {len(tokens)} tokens and the context holds {n_ctx} "
+                              "(start the server with a larger -c/--ctx-size)", prompt_param,
+                              code="context_length_exceeded")
+        overrides = {k: getattr(req, k) for k in ("temperature", "top_k", "top_p", "min_p")
+                     if getattr(req, k) is not None}
+        if req.seed is not None:
+            overrides["seed"] = None if req.seed == -1 else req.seed
+        try:
+            sampling = SamplingConfig.model_validate({**self.base.sampling.model_dump(), **overrides})
+        except ValidationError as e:
+            name = str(e.errors()[0]["loc"][0])
+            raise bad_request(f"{name}: {reason(e)}, got {overrides.get(name)!r}", name) from None
+        spec: dict[str, Any] = {}
+        if req.speculative is not None:
+            names = {"n_max": "k", "n_min": "k_min", "p_min": "p_min"}
+            spec = {names[k]: v for k, v in req.speculative.model_dump().items() if v is not None}
+            try:
+                SpecConfig.model_validate({**self.base.spec.model_dump(), **spec})
+            except ValidationError as e:
+                field = {v: k for k, v in names.items()}.get(str(e.errors()[0]["loc"][0]), "n_max")
+                raise bad_request(f"speculative.{field}: {reason(e)}", f"speculative.{field}") from None
+        limit = req.limit() or self.default_max_tokens or n_ctx
+        return Work(tokens, limit, req.mode, req.stops(), sampling, spec)
+
+    async def _respond(self, request: Request, req: ChatRequest | CompletionRequest, work: Work,
+                       reply: Reply) -> Response:
+        try:
+            job = self.scheduler.submit(work, asyncio.get_running_loop())
+        except QueueFull as e:
+            raise APIError(503, f"the server is busy ({self.scheduler.max_queue} requests already wait for the "
+                           f"model); retry in {e.retry_after} s", type="server_error", code="queue_full",
+                           headers={"Retry-After": str(e.retry_after)}) from None
+        except ShuttingDown:
+            raise _shutting_down() from None
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return EventSourceResponse(self._stream(job, reply, include_usage), ping=15,
+                                       shutdown_event=anyio.Event(), shutdown_grace_period=self.stream_grace_s)
+        return await self._whole(request, job, reply)
+
+    async def _whole(self, request: Request, job: Job, reply: Reply) -> Response:
+        watcher = asyncio.ensure_future(self._watch(request, job))
+        sources: Counter[str] = Counter()
+        try:
+            async for item in job.items():
+                if isinstance(item, TokenEvent):
+                    sources.update(item.provenance)
+                elif isinstance(item, FinishEvent) and item.stop_reason != "cancelled":
+                    return JSONResponse(reply.whole(item, sources))
+                else:
+                    raise _ended(job, item)
+            raise AssertionError("a job ended without a terminal item")  # pragma: no cover
+        finally:
+            watcher.cancel()
+            self.scheduler.withdraw(job)
+
+    async def _watch(self, request: Request, job: Job) -> None:
+        """Withdraw the job when the client disconnects (the body is read, so the next message is that)."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                self.scheduler.withdraw(job)
+                return
+
+    async def _stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+        """The job as server-sent events: chunks, the finishing chunk, [DONE] (or an error object)."""
+        sources: Counter[str] = Counter()
+        try:
+            if reply.kind == "chat":
+                yield json.dumps(reply.chunk("", role=True))
+            async for item in job.items():
+                if isinstance(item, TokenEvent):
+                    sources.update(item.provenance)
+                    if item.text:
+                        yield json.dumps(reply.chunk(item.text), ensure_ascii=False)
+                elif isinstance(item, FinishEvent) and item.stop_reason != "cancelled":
+                    yield json.dumps(reply.last_chunk(item, sources), ensure_ascii=False)
+                    if include_usage:
+                        yield json.dumps(reply.usage_chunk(item))
+                    yield "[DONE]"
+                else:  # headers are sent: the error travels as an event, as llama-server sends it
+                    yield json.dumps(_ended(job, item).body())
+        finally:  # also when the client disconnected and sse-starlette cancelled this generator
+            self.scheduler.withdraw(job)
+
+
+def _shutting_down() -> APIError:
+    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+
+
+def _ended(job: Job, item: FinishEvent | Failure) -> APIError:
+    """The error for a job that produced no answer: stopped, withdrawn, or failed."""
+    if isinstance(item, FinishEvent) or item.reason in ("withdrawn", "shutdown"):
+        if job.stopping:
+            done = f" after {len(item.tokens)} tokens" if isinstance(item, FinishEvent) else ""
+            e = _shutting_down()
+            e.message = f"the server is shutting down; the generation was stopped{done}"
+            return e
+        return APIError(CLIENT_GONE, "the client closed the request", type="cancelled")
+    err = item.error
+    if isinstance(err, ContextFullError):
+        return bad_request(str(err), code="context_length_exceeded")
+    if isinstance(err, SSDEdgeError) and err.exit_code == 2:  # ConfigError: a setting the request asked for
+        return bad_request(str(err))
+    return APIError(500, f"the generation failed: {type(err).__name__}: {err}", type="server_error")
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(APIError(exc.status_code, message, code=kind, headers=exc.headers))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("unexpected %s in %s %s: %s", type(exc).__name__, request.method, request.url.path, exc,
+              exc_info=exc)
+    return error_response(APIError(500, f"internal error ({type(exc).__name__}); the server log has the details",
+                                   type="server_error"))
+
+
+def create_app(engine: Any, *, model_id: str, api_key: str | None = None, max_queue: int = 8,
+               max_body: int = MAX_BODY, default_max_tokens: int | None = None,
+               stream_grace_s: float = 5.0) -> Starlette:
+    """The app over a loaded engine (which it does not close). app.state.api.scheduler runs the jobs;
+    app.state.monitor holds the metrics."""
+    monitor = Monitor()
+    api = API(engine, model_id, monitor, max_queue, default_max_tokens, stream_grace_s)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        api.scheduler.shutdown()
+        await anyio.to_thread.run_sync(api.scheduler.join, 60.0)
+
+    routes = [
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                                        Exception: _internal_error})
+    app.add_middleware(Guard, api_key=api_key, max_body=max_body, monitor=monitor)
+    app.state.api = api
+    app.state.monitor = monitor
+    return app
