@@ -195,6 +195,7 @@ class Scheduler:
                         self.monitor.token_event(ev)
                     else:
                         self.monitor.finish(ev, len(w.tokens))
+                        eng.config = saved  # the server's own settings are back before the client hears the end
                     job.post(ev)
             finally:
                 events.close()
