@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
@@ -213,3 +214,38 @@ def test_the_profile_decides_whether_the_draft_runs_beside_the_target():
     assert (cfg.target.threads, cfg.draft.threads) == (1, 1)
     _, fin = run(eng)
     assert fin.stats["auto"]["concurrent"]
+
+
+class _PaddedContext(FakeContext):
+    """A draft whose vocabulary differs from the target's by padding (llama.cpp accepts up to 128
+    ids of difference, e.g. Qwen2.5-7B's 152,064 rows against the 0.5B's 151,936): its rows are the
+    fake model's, cut to `n_vocab` ids or padded with ids whose logits are low but not impossible."""
+
+    def __init__(self, *a, n_vocab: int, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.model.n_vocab = n_vocab
+
+    def decode(self, tokens, positions, seqs, logits_for):
+        rows = super().decode(tokens, positions, seqs, logits_for)
+        v = self.model.n_vocab
+        if v <= rows.shape[1]:
+            return rows[:, :v]
+        return np.concatenate([rows, np.full((len(rows), v - rows.shape[1]), 0.5, np.float32)], axis=1)
+
+
+@pytest.mark.parametrize("n_vocab", [24, 48])
+@pytest.mark.parametrize("mode", ["sd", "ssd", "auto"])
+def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exact(n_vocab, mode):
+    """Sampled sd/ssd used to subtract rows of different lengths (p - q) and index past p with a
+    padded id; now the draft's rows only make guesses, an id the target lacks is simply rejected."""
+    cfg = EngineConfig.build(target=dict(path="fake-target", threads=1), draft=dict(path="fake-draft", threads=1),
+                             n_ctx=1024, mode="auto", spec=dict(k=3),
+                             prespec=dict(plan_rounds=False))  # fixed ssd drafts every round
+    target, dm = FakeModel("target"), FakeModel("draft", disagree_every=4)
+    dctx = _PaddedContext(dm, n_ctx=2048, n_seq_max=cfg.prespec.fanout_max + 1, n_vocab=n_vocab)
+    eng = Engine.from_parts(cfg, target, FakeContext(target, n_ctx=1024), dm, dctx)
+    s = cfg.sampling.model_copy(update=dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=3))
+    _, ref = run(eng, "ar", n=60, sampling=s)
+    _, fin = run(eng, mode, n=60, sampling=s)
+    assert fin.tokens == ref.tokens
+    assert fin.stats["drafted"] > 0 and fin.stats["accepted"] > 0
