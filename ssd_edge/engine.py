@@ -25,12 +25,13 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from .autopilot import Autopilot
-from .backend import Aborted, Context, Model, TextStream, check_same_vocab
+from .backend import Context, Model, check_same_vocab
 from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, StopReason, TokenEvent
+from .interface import Aborted, TextStream
 from .kvseq import Cancelled, KVSeq
 from .metrics import Meter
 from .policy import Ema, PrespecPolicy

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_edge.backend import Aborted
+from ssd_edge.interface import Aborted
 from ssd_edge.errors import ContextFullError, DecodeError
 
 V = 32

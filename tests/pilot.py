@@ -12,7 +12,7 @@ import asyncio
 import threading
 from typing import Any
 
-from ssd_edge.backend import ModelInfo
+from ssd_edge.interface import ModelInfo
 from ssd_edge.config import EngineConfig
 from ssd_edge.events import FinishEvent, LiveStats, Round, TokenEvent
 from tui.app import SSDEdgeApp

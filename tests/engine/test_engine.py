@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from ssd_edge.backend import TextStream
+from ssd_edge.interface import TextStream
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import _Text
 from ssd_edge.errors import (ConfigError, ContextFullError, CorruptModelError, DecodeError, FetchError, ModelError,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ssd_edge import bench, bench_peer, bench_report
+from ssd_edge import backend, bench, bench_peer, bench_report
 from ssd_edge.bench import BenchResult, PeerRecord, RunRecord
 from ssd_edge.errors import ConfigError
 
@@ -268,6 +268,7 @@ def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench.Bench, "run", interrupted_run)
+    monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")  # no compiled library needed
     code = bench.cli_main(["-m", str(t), "-md", str(d), "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
     assert code == 130
     result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
