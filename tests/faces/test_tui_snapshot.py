@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tui.widgets.chat import PromptInput
-from tui_fake import make_app, send
+from pilot import make_app, send
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "tui_main.svg"
 UPDATE = os.environ.get("SSD_EDGE_UPDATE_SNAPSHOTS") == "1"

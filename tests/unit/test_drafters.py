@@ -1,4 +1,5 @@
-"""Drafters: the n-gram lookup (pure, offline) and the draft model (real, small pair)."""
+"""Drafters: the n-gram lookup and the draft-probability helpers (pure, offline). The draft
+model on real weights is in tests/real/test_drafters_real.py."""
 
 from __future__ import annotations
 
@@ -82,79 +83,3 @@ def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
 def test_confidence_is_the_top_probability():
     assert confidence(np.array([0.0, 0.0])) == pytest.approx(0.5)
     assert confidence(np.array([10.0, 0.0, 0.0])) > 0.99
-
-
-# ---------------------------------------------------------------- the draft model (real)
-
-
-@pytest.fixture(scope="module")
-def draft_model(small_pair):
-    from ssd_edge.backend import Model
-
-    model = Model(small_pair[1])
-    yield model
-    model.close()
-
-
-def greedy_reference(model, history: list[int], k: int) -> list[int]:
-    """k greedy tokens from a fresh context, one decode per token."""
-    from ssd_edge.backend import Context
-
-    ctx = Context(model, 512, 512, 1)
-    try:
-        row = ctx.decode(history, range(len(history)), [0] * len(history), [len(history) - 1])[0]
-        out = []
-        for i in range(k):
-            t = int(np.argmax(row))
-            out.append(t)
-            row = ctx.decode([t], [len(history) + i], [0], [0])[0]
-        return out
-    finally:
-        ctx.close()
-
-
-@pytest.mark.real
-def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model):
-    from ssd_edge.backend import Context
-    from ssd_edge.drafters import ModelDrafter
-    from ssd_edge.kvseq import KVSeq
-
-    history = draft_model.tokenize("The capital of France is Paris. The capital of Italy is")
-    ctx = Context(draft_model, 512, 512, 1)
-    try:
-        drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), np.random.default_rng(0))
-        d = drafter.propose(history, 5)
-        assert list(d.tokens) == greedy_reference(draft_model, history, 5)
-        assert d.q is None and d.source == "draft" and len(d.cands) == 5
-        assert all(int(c.ids[0]) == t for c, t in zip(d.cands, d.tokens))  # greedy: the top candidate
-        # the target accepted two tokens and emitted another: the drafter rolls back and continues
-        other = next(t for t in range(100, 200) if t != d.tokens[2])
-        h2 = history + list(d.tokens[:2]) + [other]
-        d2 = drafter.propose(h2, 4)
-        assert list(d2.tokens) == greedy_reference(draft_model, h2, 4)
-        assert drafter.kv.tokens[: len(h2)] == h2
-    finally:
-        ctx.close()
-
-
-@pytest.mark.real
-def test_model_drafter_sampled_rows_and_p_min(draft_model):
-    from ssd_edge.backend import Context
-    from ssd_edge.drafters import ModelDrafter
-    from ssd_edge.kvseq import KVSeq
-
-    history = draft_model.tokenize("Once upon a time, in a small village, there lived a")
-    s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05)
-    ctx = Context(draft_model, 512, 512, 1)
-    try:
-        drafter = ModelDrafter(KVSeq(ctx), s, np.random.default_rng(0))
-        d = drafter.propose(history, 4)
-        assert len(d) == 4 and d.q.shape == (4, draft_model.n_vocab)
-        np.testing.assert_allclose(d.q.sum(axis=1), 1.0, rtol=1e-9)
-        assert all(d.q[i, t] > 0 for i, t in enumerate(d.tokens))  # each token was drawn from its row
-        # an impossible confidence floor drafts nothing; the engine then verifies no draft
-        strict = ModelDrafter(KVSeq(Context(draft_model, 512, 512, 1)), s, np.random.default_rng(0), p_min=0.999)
-        assert len(strict.propose(history, 4)) == 0
-        strict.ctx.close()
-    finally:
-        ctx.close()
