@@ -159,6 +159,3 @@ def test_config_errors_are_one_line_and_name_the_setting(kwargs, where):
         EngineConfig.build(**kwargs)
     msg = str(err.value)
     assert msg.startswith("invalid setting: ") and where in msg and "\n" not in msg
-
-
-# ---------------------------------------------------------------- generate() on the small pair
