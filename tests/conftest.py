@@ -71,6 +71,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     clock = config.pluginmanager.get_plugin(LayerClock.name)
+    items.sort(key=lambda item: LAYERS.index(_layer(item)) if _layer(item) in LAYERS else len(LAYERS))  # fast first
     for item in items:
         layer = _layer(item)
         clock.layer_of[item.nodeid] = layer
