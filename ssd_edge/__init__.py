@@ -5,8 +5,9 @@
                                        draft={"path": "qwen2.5-coder-0.5b"}, mode="ssd"))
     print(engine.complete("def fib(n):", max_tokens=64).text)
 
-The Engine (and so llama_cpp) is imported on first use, so `import ssd_edge`
-stays cheap for tools that only read configs or events.
+The Engine is imported on first use, so `import ssd_edge` stays cheap for
+tools that only read configs or events; llama_cpp itself is imported only when
+a model is loaded (ssd_edge/backend.py).
 """
 
 from __future__ import annotations

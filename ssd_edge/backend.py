@@ -1,4 +1,5 @@
-"""The llama.cpp adapter: the only module that imports llama_cpp.
+"""The llama.cpp adapter: the only module that imports llama_cpp, and only when a
+model is loaded, so importing it (or the engine) works without the compiled library.
 
 Model   one loaded GGUF file (weights, vocabulary, chat template); may back
         several contexts.
@@ -6,17 +7,19 @@ Context one llama_context with its own KV cache and thread count. Never use a
         Context from two threads at once; two Contexts decode in parallel
         (ctypes releases the GIL during llama_decode).
 
-Everything above this module sees numpy arrays and Python ints.
+Everything above this module sees numpy arrays and Python ints. Model and
+Context implement the Backend protocol of interface.py (BackendModel,
+BackendContext); Aborted, TextStream and ModelInfo live there and are
+re-exported here.
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
@@ -24,11 +27,27 @@ import numpy as np
 
 from .errors import ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError, \
     VocabMismatchError
+from .interface import Aborted, ModelInfo, TextStream
 
-try:
-    import llama_cpp as ll
-except ImportError as e:  # pragma: no cover - only without the native library
-    raise ImportError("llama-cpp-python is not installed; run scripts/setup.sh") from e
+__all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "TextStream", "check_gguf_file",
+           "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "quantize", "system_info"]
+
+
+class _Library:
+    """Stands for the llama_cpp module until first use, then replaces itself with it
+    (so after the first call every `ll.x` is a plain module attribute)."""
+
+    def __getattr__(self, name: str):
+        global ll
+        try:
+            import llama_cpp
+        except ImportError as e:
+            raise ImportError("llama-cpp-python is not installed; run scripts/setup.sh") from e
+        ll = llama_cpp
+        return getattr(llama_cpp, name)
+
+
+ll = _Library()
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +56,10 @@ _initialised = False
 _verbose = False
 _LOG_LEVEL_ERROR = 2  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error (cont = 5)
 
+_log_callback = None  # the C callback; a module-level reference keeps it alive while llama.cpp holds it
 
-@ll.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # called from C
+
+def _write_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # called from C
     if _verbose:
         try:
             os.write(2, text)
@@ -49,12 +69,13 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None: 
 
 def init(verbose: bool = False) -> None:
     """Initialise llama.cpp once per process; llama.cpp logs go to stderr only if verbose."""
-    global _initialised, _verbose
+    global _initialised, _verbose, _log_callback
     _verbose = verbose
     with _init_lock:
         if _initialised:
             return
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # module-level reference keeps it alive
+        _log_callback = ll.llama_log_callback(_write_log)
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
         info = system_info()
         if "AMX_INT8 = 1" in info or "AMX = 1" in info:
             raise RuntimeError(
@@ -73,7 +94,11 @@ def gpu_offload_supported() -> bool:
 
 
 def llama_cpp_version() -> str:
-    return getattr(ll, "__version__", "unknown")
+    """The installed llama-cpp-python's version, read without loading the library."""
+    try:
+        return metadata.version("llama-cpp-python")
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def check_gguf_file(path: Path) -> None:
@@ -93,26 +118,14 @@ def check_gguf_file(path: Path) -> None:
         raise CorruptModelError(f"truncated GGUF file (only {len(head)} bytes): {path}")
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    path: str
-    description: str
-    n_params: int
-    size_bytes: int
-    n_vocab: int
-    n_layer: int
-    n_ctx_train: int
-    gpu_layers: int  # layers really offloaded (0 on a CPU-only build, whatever was asked)
-    kv_bytes_per_cell: int  # K+V bytes one token occupies in the KV cache (f16 cache)
-
 
 class Model:
     """A loaded GGUF model."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0, verbose: bool = False):
-        init(verbose)
         self.path = Path(path)
-        check_gguf_file(self.path)
+        check_gguf_file(self.path)  # before loading llama.cpp: a wrong path is named without the library
+        init(verbose)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30
         ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
@@ -396,35 +409,15 @@ def _libc_strlen() -> int | None:
         return None
 
 
-class Aborted(Exception):
-    """A decode stopped by its abort flag. llama.cpp has removed the batch's positions
-    from the KV cache, so every sequence is as it was before the call."""
-
-
-class TextStream:
-    """Turns token ids into text incrementally; a UTF-8 character split across
-    tokens is held back until its last byte arrives."""
-
-    def __init__(self, model: Model):
-        self.model = model
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token: int) -> str:
-        return self._dec.decode(self.model.piece(token))
-
-    def flush(self) -> str:
-        return self._dec.decode(b"", final=True)
-
-
-QUANT_TYPES = {"q4_0": ll.LLAMA_FTYPE_MOSTLY_Q4_0, "q4_1": ll.LLAMA_FTYPE_MOSTLY_Q4_1,
-               "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0}
+# `ssd-edge models derive-draft --type` -> llama.cpp's file type (attribute names: llama_cpp loads on first use)
+QUANT_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
 
 
 def quantize(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
     """Requantize the GGUF file `src` into `dst` (llama_model_quantize; threads 0 = all cores)."""
     init()
     params = ll.llama_model_quantize_default_params()
-    params.ftype = QUANT_TYPES[kind]
+    params.ftype = getattr(ll, QUANT_TYPES[kind])
     params.allow_requantize = True
     params.nthread = threads
     if ll.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)) != 0:

@@ -26,17 +26,18 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .backend import Context, Model, TextStream, check_same_vocab, gpu_offload_supported
+from .backend import Context, Model, check_same_vocab, gpu_offload_supported
 from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
+from .coupling import fresh_seed, gumbel_picks
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, StopReason, TokenEvent
-from .coupling import fresh_seed, gumbel_picks
+from .interface import TextStream
 from .kvseq import Cancelled, KVSeq, common_prefix
 from .metrics import Meter
-from .policy import Ema, PrespecPolicy
 from .planner import Decision, Offer, Planner
+from .policy import Ema, PrespecPolicy
 from .prespec import PrespecWorker
 from .sampling import probs
 from .verify import verify

@@ -12,8 +12,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .backend import Context
 from .errors import ContextFullError
+from .interface import BackendContext
 
 
 class Cancelled(Exception):
@@ -29,7 +29,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class KVSeq:
-    def __init__(self, ctx: Context, seq: int = 0) -> None:
+    def __init__(self, ctx: BackendContext, seq: int = 0) -> None:
         self.ctx = ctx
         self.seq = seq
         self.tokens: list[int] = []

@@ -35,9 +35,9 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .backend import Aborted
 from .config import PrespecConfig
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
+from .interface import Aborted
 from .kvseq import KVSeq, common_prefix
 from .metrics import Meter
 from .policy import PrespecPolicy

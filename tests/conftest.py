@@ -1,23 +1,118 @@
-"""Shared fixtures.
+"""Shared fixtures, the layers and their options.
 
-Groups (markers):
-  real          runs real GGUF models (SmolLM2-135M and a truncated draft of it); CI runs them
-  default_pair  runs the default Qwen2.5-Coder 1.5B/0.5B pair (1.6 GB, pulled on first use); CI runs them
+Layers (folders):
+  unit          pure math and files: sampling, verify, n-gram, planner, cost model, catalog
+  engine        the engine and SSD on the fake backend (tests/fakes.py)
+  faces         CLI, chat, TUI (Pilot), bench and calibrate wiring, on the scripted engine
+  real          the small real pair (SmolLM2-135M and a truncated draft of it)
+  default_pair  the default Qwen2.5-Coder 1.5B/0.5B pair (1.6 GB, pulled on first use)
 
-Fast loop while editing:  pytest -m "not real and not default_pair"
+A plain `pytest` runs unit, engine and faces: nothing there loads a model or
+needs llama-cpp-python. `--real` adds the small pair, `--default-pair` the
+Qwen pair, `--full` both with the long lossless protocol (every prompt, every
+mode, 128 tokens). A test is in the real or default_pair layer by its folder,
+or by its `real` / `default_pair` marker where a file of a fast folder still
+holds one. The time each layer took is printed at the end.
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 
 import testpair  # noqa: E402
 
+LAYERS = ("unit", "engine", "faces", "real", "default_pair")
+NEEDS = {"real": "--real", "default_pair": "--default-pair"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ssd-edge layers")
+    group.addoption("--real", action="store_true", help="also run the real layer (the small real pair)")
+    group.addoption("--default-pair", action="store_true",
+                    help="also run the default_pair layer (the Qwen pair, pulled on first use)")
+    group.addoption("--full", action="store_true",
+                    help="the release check: --real --default-pair, and the lossless tests run every prompt "
+                         "in every mode at 128 tokens")
+
+
+def _layer(item: pytest.Item) -> str:
+    """default_pair or real by marker first (a mixed file in a fast folder), then by folder."""
+    if item.get_closest_marker("default_pair"):
+        return "default_pair"
+    if item.get_closest_marker("real"):
+        return "real"
+    try:
+        folder = Path(item.path).relative_to(HERE).parts[0]
+    except ValueError:
+        return "other"
+    return folder if folder in LAYERS else "other"
+
+
+def _enabled(config: pytest.Config, layer: str) -> bool:
+    full = config.getoption("full")
+    if layer == "real":
+        return full or config.getoption("real")
+    if layer == "default_pair":
+        return full or config.getoption("default_pair")
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(LayerClock(), LayerClock.name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    clock = config.pluginmanager.get_plugin(LayerClock.name)
+    items.sort(key=lambda item: LAYERS.index(_layer(item)) if _layer(item) in LAYERS else len(LAYERS))  # fast first
+    for item in items:
+        layer = _layer(item)
+        clock.layer_of[item.nodeid] = layer
+        if layer in NEEDS and not item.get_closest_marker(layer):
+            item.add_marker(getattr(pytest.mark, layer))  # so `-m "not real"` selects by folder too
+        if not _enabled(config, layer):
+            item.add_marker(pytest.mark.skip(reason=f"the {layer} layer runs with {NEEDS[layer]}"))
+
+
+class LayerClock:
+    """Sums the time of each layer's tests (setup + call + teardown, so a module fixture counts
+    where it runs) and prints it in the terminal summary."""
+
+    name = "ssd-edge-layer-clock"
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.layer_of: dict[str, str] = {}  # test node id -> layer
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.outcomes: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        layer = self.layer_of.get(report.nodeid, "other")
+        self.seconds[layer] += report.duration
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            self.outcomes[layer][report.outcome] += 1
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.seconds:
+            return
+        tr = terminalreporter
+        tr.write_sep("-", "time per layer")
+        for layer in (*LAYERS, "other"):
+            if layer in self.seconds:
+                tally = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.outcomes[layer].items()))
+                tr.write_line(f"{layer:14s}{self.seconds[layer]:8.1f} s   {tally}")
+        tr.write_line(f"{'all layers':14s}{sum(self.seconds.values()):8.1f} s   "
+                      f"(session {time.perf_counter() - self.start:.1f} s with collection)")
+
+
+# ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="session")
 def small_pair() -> tuple[Path, Path]:

@@ -1,6 +1,7 @@
 """A fake llama.cpp backend: a tiny deterministic 'language model' behind the
-same interface as ssd_edge.backend.Model / Context, for testing the engine and
-SSD pre-speculation without weights.
+Backend protocol (ssd_edge/interface.py) that ssd_edge.backend.Model / Context
+implement, for testing the engine and SSD pre-speculation without weights or
+the compiled library.
 
 FakeContext keeps a real cell table like llama.cpp's unified KV cache: each
 decoded token takes a cell that belongs to a set of sequences; seq_cp adds a
@@ -19,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_edge.backend import Aborted
+from ssd_edge.interface import Aborted
 from ssd_edge.errors import ContextFullError, DecodeError
 
 V = 32
@@ -161,6 +162,9 @@ class FakeContext:
         for c in self.cells:
             if src in c.seqs and c.pos >= p0 and (p1 < 0 or c.pos < p1):
                 c.seqs.add(dst)
+
+    def clear(self) -> None:
+        self.cells = []
 
     def cells_outside(self, seq: int) -> int:
         """Cells not held by `seq` (branch cells when `seq` is the main sequence)."""

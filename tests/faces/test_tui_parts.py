@@ -12,7 +12,7 @@ from ssd_edge.metrics import Meter
 from tui.chats import Chat, ChatStore, Message
 from tui.live import LiveModel, finish_note
 from tui.stream import Chunk, Failure, Outbox, Segmenter, run_generation
-from tui_fake import REPLY, FakeEngine, FakeModel
+from scripted import REPLY, ScriptedEngine, ScriptedModel
 
 
 def _round(i: int, prespec: str | None, wall_ms: float) -> Round:
@@ -64,7 +64,7 @@ def test_outbox_wakes_once_per_drain():
 
 
 def test_segmenter_splits_a_round_by_provenance():
-    model = FakeModel("m", 1)
+    model = ScriptedModel("m", 1)
     toks = model.encode("one two three")
     ev = TokenEvent("one two three", tuple(toks), ("prespec", "prespec", "target"),
                     _round(0, "hit", 10.0), _live())
@@ -76,7 +76,7 @@ def test_segmenter_splits_a_round_by_provenance():
 
 
 def test_segmenter_holds_a_split_utf8_character():
-    model = FakeModel("m", 1)
+    model = ScriptedModel("m", 1)
     model.vocab = ["é".encode()[:1], "é".encode()[1:] + b"!"]
     seg = Segmenter(model)
     first = TokenEvent("", (0,), ("draft",), _round(0, None, 1.0), _live())
@@ -89,11 +89,11 @@ def test_run_generation_puts_chunks_then_finish_and_turns_errors_into_lines():
     cfg = EngineConfig.build(target=dict(path="t.gguf"), draft=dict(path="d.gguf"))
     items = []
     box = Outbox(lambda: None)
-    run_generation(FakeEngine(cfg), [{"role": "user", "content": "hi"}], 256, threading.Event(), box)
+    run_generation(ScriptedEngine(cfg), [{"role": "user", "content": "hi"}], 256, threading.Event(), box)
     items = box.drain()
     assert all(isinstance(i, Chunk) for i in items[:-1]) and isinstance(items[-1], FinishEvent)
     assert "".join(t for c in items[:-1] for _, t in c.spans) == REPLY
-    run_generation(FakeEngine(cfg, fail=RuntimeError("boom")), [], 8, threading.Event(), box)
+    run_generation(ScriptedEngine(cfg, fail=RuntimeError("boom")), [], 8, threading.Event(), box)
     assert box.drain() == [Failure("RuntimeError: boom")]
 
 
@@ -122,7 +122,7 @@ def test_finish_note_names_unusual_stops():
 def test_fake_engine_stats_use_the_real_meter_keys():
     """The fake's FinishEvent.stats must not drift from what Meter.summary() really reports."""
     real = Meter("ssd", 4, 64).summary()
-    fake = next(e for e in FakeEngine(EngineConfig.build(target=dict(path="t"), draft=dict(path="d")))
+    fake = next(e for e in ScriptedEngine(EngineConfig.build(target=dict(path="t"), draft=dict(path="d")))
                 .generate(messages=[]) if isinstance(e, FinishEvent)).stats
     assert set(fake) <= set(real)
     assert set(fake["prespec"]) <= set(real["prespec"])

@@ -1,4 +1,4 @@
-"""Drafters: the n-gram lookup (pure, offline) and the draft model (real, small pair)."""
+"""The draft-model drafter on real weights (the small pair's draft)."""
 
 from __future__ import annotations
 
@@ -6,83 +6,6 @@ import numpy as np
 import pytest
 
 from ssd_edge.config import SamplingConfig
-from ssd_edge.drafters import EMPTY, NgramDrafter, confidence, draft_probs, top_candidates
-from ssd_edge.sampling import probs
-
-# ---------------------------------------------------------------- n-gram lookup
-
-
-def test_ngram_match_proposes_what_followed():
-    d = NgramDrafter(1, 4).propose([1, 2, 3, 4, 5, 1, 2, 3], 3)
-    assert d.tokens == (4, 5, 1) and d.source == "ngram"
-
-
-def test_ngram_no_match_proposes_nothing():
-    d = NgramDrafter(1, 4).propose([1, 2, 3, 4, 5, 6], 4)
-    assert d.tokens == () and len(d) == 0
-
-
-def test_ngram_longest_match_wins():
-    # the 1-gram [9] last occurred before 12, but the 3-gram [7, 8, 9] occurred before 10: the longer wins
-    h = [7, 8, 9, 10, 11, 9, 12, 7, 8, 9]
-    assert NgramDrafter(1, 4).propose(h, 3).tokens == (10, 11, 9)
-    assert NgramDrafter(1, 1).propose(h, 3).tokens == (12, 7, 8)  # 1-grams only: the most recent
-
-
-def test_ngram_most_recent_occurrence_wins():
-    assert NgramDrafter(1, 4).propose([1, 2, 5, 1, 2, 6, 1, 2], 3).tokens == (6, 1, 2)
-
-
-def test_ngram_min_is_respected():
-    h = [4, 9, 5, 6, 9]  # only a 1-gram ([9]) matches
-    assert NgramDrafter(1, 3).propose(h, 2).tokens == (5, 6)
-    assert NgramDrafter(2, 3).propose(h, 2).tokens == ()
-
-
-def test_ngram_k_and_short_continuations():
-    h = [1, 2, 3, 1, 2]
-    assert NgramDrafter(1, 4).propose(h, 1).tokens == (3,)
-    assert NgramDrafter(1, 4).propose(h, 10).tokens == (3, 1, 2)  # runs up to the end of the history
-    assert NgramDrafter(1, 4).propose([5], 4).tokens == ()
-    assert NgramDrafter(1, 4).propose([], 4).tokens == ()
-
-
-def test_ngram_never_matches_the_tail_against_itself():
-    # a run of one token: [7, 7, 7] - the tail [7, 7] matches at 0, proposing the token after it
-    assert NgramDrafter(2, 2).propose([7, 7, 7], 2).tokens == (7,)
-
-
-def test_empty_draft():
-    assert len(EMPTY) == 0 and EMPTY.head(3) is EMPTY
-
-
-# ---------------------------------------------------------------- draft-side probabilities
-
-
-def test_top_candidates_sorted_with_softmax_probabilities():
-    rng = np.random.default_rng(0)
-    z = rng.normal(0, 2, 100).astype(np.float32)
-    for t in (1.0, 0.5):
-        c = top_candidates(z, t, m=8)
-        assert len(c.ids) == 8 and list(c.ids) == list(np.argsort(-z)[:8])
-        full = np.exp(z / t - (z / t).max())
-        full /= full.sum()
-        np.testing.assert_allclose(c.probs, full[c.ids], rtol=1e-6)
-
-
-def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
-    z = np.random.default_rng(1).normal(0, 2, 64)
-    assert draft_probs(z, SamplingConfig(temperature=0.0)) is None
-    s = SamplingConfig(temperature=0.8, top_k=10, top_p=0.9, min_p=0.05)
-    np.testing.assert_array_equal(draft_probs(z, s), probs(z, s))  # same transform as the target's p
-    r = draft_probs(z, s, saguaro_top=2, saguaro_factor=0.5)
-    assert abs(r.sum() - 1) < 1e-12 and set(np.flatnonzero(r)) == set(np.flatnonzero(probs(z, s)))
-
-
-def test_confidence_is_the_top_probability():
-    assert confidence(np.array([0.0, 0.0])) == pytest.approx(0.5)
-    assert confidence(np.array([10.0, 0.0, 0.0])) > 0.99
-
 
 # ---------------------------------------------------------------- the draft model (real)
 

@@ -1,7 +1,12 @@
 """`ssd-edge` as a user runs it: the console script in a subprocess, on the small
-real pair (SmolLM2-135M + its first 28 blocks). Output, exit codes, and the
-bad inputs that need real weights: a truncated model, a draft with another
-vocabulary, a prompt longer than the context, a context that fills mid-answer."""
+real pair (SmolLM2-135M + its first 28 blocks): streaming with a stats line,
+JSON from a prompt on stdin, a stop string, a chat from a here-doc.
+
+The error paths are tested where they are decided: the engine's checks on real
+files in tests/real/test_backend.py and tests/real/test_engine_real.py, the
+context filling mid-answer in tests/engine/test_ssd.py, and how each reaches
+the user (one line, its exit code) on the scripted engine in
+tests/faces/test_cli.py."""
 
 from __future__ import annotations
 
@@ -13,8 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import testpair
 
 pytestmark = pytest.mark.real
 
@@ -39,23 +42,6 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def pair_args(pair: tuple[Path, Path]) -> list[str]:
     return ["-m", str(pair[0]), "-md", str(pair[1]), "-c", "512"]
-
-
-def swapped_vocab_gguf(src: Path, dst: Path, layers: int = 2) -> Path:
-    """`src` cut to `layers` blocks, with token strings 300..399 swapped in pairs: it loads,
-    but its vocabulary is not the target's."""
-    def swap(tokens: list) -> list:
-        for i in range(300, 400, 2):
-            tokens[i], tokens[i + 1] = tokens[i + 1], tokens[i]
-        return tokens
-
-    return testpair.rewrite_gguf(src, dst, layers, swap)
-
-
-def one_error(stderr: bytes) -> str:
-    lines = [ln for ln in stderr.decode().splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr.decode()
-    return lines[0]
 
 
 def test_generate_streams_text_and_stats(small_pair):
@@ -83,38 +69,6 @@ def test_generate_stop_string(small_pair):
     assert p.returncode == 0, p.stderr.decode()
     text = p.stdout.decode()
     assert text.startswith(" 6") and " 9" not in text and text.rstrip().endswith("8,")
-
-
-def test_draft_with_another_vocabulary(small_pair, tmp_path):
-    draft = swapped_vocab_gguf(small_pair[0], tmp_path / "other-vocab.gguf")
-    p = ssd_edge("generate", "hi", "-m", str(small_pair[0]), "-md", str(draft))
-    assert p.returncode == 3
-    assert one_error(p.stderr) == (f"error: target {small_pair[0].name} and draft other-vocab.gguf have different "
-                                   "vocabularies (token 300: 'om' vs 'il')")
-
-
-def test_truncated_model_file(small_pair, tmp_path):
-    cut = tmp_path / "cut.gguf"
-    with open(small_pair[0], "rb") as f:
-        cut.write_bytes(f.read(small_pair[0].stat().st_size // 2))
-    p = ssd_edge("generate", "hi", "-m", str(cut))
-    assert p.returncode == 3
-    assert one_error(p.stderr) == f"error: llama.cpp could not load {cut} (truncated or corrupt GGUF?)"
-
-
-def test_prompt_longer_than_the_context(small_pair):
-    p = ssd_edge("generate", "word " * 200, *pair_args(small_pair)[:4], "-c", "64")
-    assert p.returncode == 5 and p.stdout == b""
-    assert one_error(p.stderr) == ("error: the prompt has 201 tokens and does not fit in the context of 64 "
-                                   "(raise -c/--ctx-size)")
-
-
-def test_context_fills_mid_answer(small_pair):
-    p = ssd_edge("generate", "1, 2, 3, 4, 5,", "-m", str(small_pair[0]), "--mode", "ar", "-c", "64", "-n", "-1")
-    assert p.returncode == 5, p.stderr.decode()
-    assert p.stdout.decode().startswith(" 6, 7")  # the answer so far is kept
-    err = p.stderr.decode()
-    assert "stopped: the context of 64 tokens is full (raise -c/--ctx-size)" in err and "Traceback" not in err
 
 
 def test_chat_here_doc(small_pair):

@@ -1,4 +1,4 @@
-"""The TUI driven through Textual's Pilot with a fake engine (tests/tui_fake.py):
+"""The TUI driven through Textual's Pilot with a scripted engine (tests/scripted.py):
 offline, no model. Waits poll the app's state; nothing asserts on timing."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from tui.dialogs import ModelsScreen
 from tui.screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from tui.widgets.chat import PromptInput
 from tui.widgets.panel import Gauge
-from tui_fake import REPLY, SIZE, FakeEngine, factory, make_app, press_button, send, wait_for
+from pilot import SIZE, make_app, press_button, send, wait_for
+from scripted import REPLY, ScriptedEngine, factory
 
 
 @pytest.fixture(autouse=True)
@@ -214,7 +215,7 @@ async def test_missing_models_are_offered_and_pulled(tmp_path):
         from ssd_edge.catalog import resolve_model
 
         resolve_model(cfg.target.path, models_dir)  # ModelNotFoundError until pulled
-        return FakeEngine(cfg)
+        return ScriptedEngine(cfg)
 
     cfg = EngineConfig.build(target=dict(path="smollm2-135m"), mode="lookup")
     app = make_app(make, cfg=cfg, models_dir=str(models), pull=fake_pull)
@@ -274,7 +275,7 @@ async def test_failed_model_switch_goes_back_to_the_previous_models():
     def make(cfg, models_dir):
         if cfg.target.path == "broken.gguf":
             raise CorruptModelError("llama.cpp could not load broken.gguf")
-        return FakeEngine(cfg)
+        return ScriptedEngine(cfg)
 
     app = make_app(make)
     async with app.run_test(size=SIZE) as pilot:
@@ -303,7 +304,7 @@ async def test_switching_to_a_missing_model_can_go_back(tmp_path):
     def make(cfg, models_dir):
         if cfg.target.path == "gemma3-270m":
             raise ModelNotFoundError("model 'gemma3-270m' is not downloaded yet")
-        return FakeEngine(cfg)
+        return ScriptedEngine(cfg)
 
     app = make_app(make, models_dir=str(tmp_path / "no-models"))
     async with app.run_test(size=SIZE) as pilot:
@@ -319,7 +320,7 @@ async def test_switching_to_a_missing_model_can_go_back(tmp_path):
 async def test_engine_warnings_become_notifications():
     def warn(cfg, models_dir):
         logging.getLogger("ssd_edge.backend").warning("GPU offload asked for x.gguf, but this build has no GPU")
-        return FakeEngine(cfg)
+        return ScriptedEngine(cfg)
 
     app = make_app(warn)
     shown = []

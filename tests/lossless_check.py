@@ -1,12 +1,16 @@
 """Greedy losslessness on real models: sd, lookup and ssd emit the token ids of ar.
 
-For every prompt in tests/prompts.py and MAX_NEW new tokens, each speculative
-mode must give exactly ar's tokens. One thing may legitimately differ: the
-target's batched logits (what a speculative round verifies with) and its
-one-token logits (what ar sees) come from different kernels and can differ by
-up to ~0.6 on the Qwen Q4_K_M target (FIELD_NOTES), so where two candidates
-nearly tie the two modes may pick different argmaxes. Such a difference is
-accepted only when proven to be that:
+The shared machinery of tests/real/test_lossless.py (the small pair) and
+tests/default_pair/test_lossless_qwen.py (the Qwen pair). A Plan says which
+prompts (tests/prompts.py), modes and answer length a pair runs; `--full`
+(scripts/test.sh --full) runs every prompt in every mode at 128 tokens on both.
+
+Each speculative mode must give exactly ar's tokens. One thing may
+legitimately differ: the target's batched logits (what a speculative round
+verifies with) and its one-token logits (what ar sees) come from different
+kernels and can differ by up to ~0.6 on the Qwen Q4_K_M target (FIELD_NOTES),
+so where two candidates nearly tie the two modes may pick different argmaxes.
+Such a difference is accepted only when proven to be that:
 
   At the first differing output position i, both runs are replayed from an
   empty cache with exactly their own batches (the verify rounds recorded in
@@ -18,15 +22,16 @@ accepted only when proven to be that:
 
 After a tie both modes restart from the shared prefix plus ar's token, so the
 rest of the answer is still compared. Ties are reported (NearTieWarning, with
-both logits, and a summary at the end of the module) and bounded: none at all
+both logits, and a summary at the end of each module) and bounded: none at all
 on the small pair, whose batched and one-token logits are bitwise equal
-(tests/test_backend.py); on the Qwen pair at most MAX_TIES_PER_PROMPT in one
-answer and a tie rate of at most QWEN_MAX_TIE_RATE per compared token, while at
-least MIN_COMPARED of all generated tokens are compared. (Measured on Qwen: up
-to 4 ties in one answer, about 0.5% of the compared tokens per mode, every one
-with both candidates within 0.3 in both rows.) The replay itself is checked against whole runs (every
-position reproduced), so a broken replay cannot turn a real difference into a
-"tie", and a fabricated difference is shown to fail.
+(tests/real/test_backend.py); on the Qwen pair at most MAX_TIES_PER_PROMPT in
+one answer and a tie rate of at most QWEN_MAX_TIE_RATE per compared token,
+while at least MIN_COMPARED of all generated tokens are compared. (Measured on
+Qwen: up to 4 ties in one answer, about 0.5% of the compared tokens per mode,
+every one with both candidates within 0.3 in both rows.) The replay itself is
+checked against whole runs (every position reproduced), so a broken replay
+cannot turn a real difference into a "tie", and a fabricated difference is
+shown to fail (small pair; --full adds the replay check on Qwen).
 """
 
 from __future__ import annotations
@@ -35,32 +40,44 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
 
-from conftest import make_engine
 from prompts import PROMPTS, Prompt
 from ssd_edge.events import FinishEvent, TokenEvent
 
-MAX_NEW = 128
+FULL_MAX_NEW = 128
 TIE_TOL = 0.6            # logit gap below which two candidates count as tied (0.58 seen in FIELD_NOTES)
 MAX_TIES_PER_PROMPT = 8
 QWEN_MAX_TIE_RATE = 0.02  # ties per compared token, per mode (measured ~0.005)
 MIN_COMPARED = 0.95       # fraction of ar's tokens that must be compared token for token
 
-# Every prompt: sd, lookup, ssd. The SSD budget variants (one branch's worth of cells, which forces
-# misses, backups and partial hits; and none at all) run on a code, a prose and a chat prompt.
+# The SSD budget variants: one branch's worth of cells (forces misses, backups and partial hits),
+# and none at all (no branches, always k: sd through ssd's code).
 MODES = {
     "sd": ("sd", {}),
     "lookup": ("lookup", {}),
     "ssd": ("ssd", {}),
     "ssd-budget4": ("ssd", {"budget_cells": 4}),
-    "ssd-budget0": ("ssd", {"budget_cells": 0, "plan_rounds": False}),  # no branches, always k: sd through ssd's code
+    "ssd-budget0": ("ssd", {"budget_cells": 0, "plan_rounds": False}),
 }
-BUDGET_PROMPTS = [p for p in PROMPTS if p.name in ("fibonacci", "lighthouse", "chat_code")]
+BUDGET_PROMPTS = ("fibonacci", "lighthouse", "chat_code")  # a code, a prose and a chat prompt
 
 
-def prompts_for(label: str) -> list[Prompt]:
-    return PROMPTS if label in ("sd", "lookup", "ssd") else BUDGET_PROMPTS
+@dataclass(frozen=True)
+class Plan:
+    """What one pair runs: `labels` (keys of MODES) on `prompts`, the budget variants on the
+    prompts among them named in BUDGET_PROMPTS, `max_new` tokens each."""
+
+    labels: tuple[str, ...]
+    prompts: tuple[Prompt, ...]
+    max_new: int
+
+    def prompts_for(self, label: str) -> list[Prompt]:
+        if label.startswith("ssd-budget"):
+            return [p for p in self.prompts if p.name in BUDGET_PROMPTS]
+        return list(self.prompts)
+
+
+FULL = Plan(tuple(MODES), tuple(PROMPTS), FULL_MAX_NEW)  # the release check: every prompt, every mode
 
 
 class NearTieWarning(UserWarning):
@@ -181,9 +198,9 @@ def diagnose(engine, ar: Run, spec: Run, i: int, where: str) -> tuple[int, int, 
     raise AssertionError(problem)
 
 
-def compare_prompt(engine, p: Prompt, label: str, mode: str, ar_first: Run, tally: Tally) -> None:
+def compare_prompt(engine, p: Prompt, label: str, mode: str, ar_first: Run, tally: Tally, max_new: int) -> None:
     """Compare `mode` with ar on one prompt, resuming after proven ties."""
-    prefix, left, ar = list(ar_first.prompt), MAX_NEW, ar_first
+    prefix, left, ar = list(ar_first.prompt), max_new, ar_first
     tally.generated += len(ar_first.out)
     ties = 0
     while True:
@@ -199,7 +216,7 @@ def compare_prompt(engine, p: Prompt, label: str, mode: str, ar_first: Run, tall
             tally.compared += len(ar.out)
             return
         ta, ts, la, ls = diagnose(engine, ar, spec, i, f"{label} on {p.name}")
-        tie = Tie(p.name, label, MAX_NEW - left + i, (ta, ts), (float(la[ta]), float(la[ts])),
+        tie = Tie(p.name, label, max_new - left + i, (ta, ts), (float(la[ta]), float(la[ts])),
                   (float(ls[ts]), float(ls[ta])))
         tally.ties.append(tie)
         TIES.append(tie)
@@ -217,14 +234,14 @@ def compare_prompt(engine, p: Prompt, label: str, mode: str, ar_first: Run, tall
         ar = generate(engine, prefix, "ar", left)
 
 
-def check_mode(engine, label: str, ar_runs: dict[str, Run], prompts: list[Prompt], max_tie_rate: float) -> Tally:
+def check_mode(engine, label: str, ar_runs: dict[str, Run], plan: Plan, max_tie_rate: float) -> Tally:
     mode, prespec = MODES[label]
     old = {key: getattr(engine.config.prespec, key) for key in prespec}
     engine.configure(**prespec)
     tally = Tally()
     try:
-        for p in prompts:
-            compare_prompt(engine, p, label, mode, ar_runs[p.name], tally)
+        for p in plan.prompts_for(label):
+            compare_prompt(engine, p, label, mode, ar_runs[p.name], tally, plan.max_new)
     finally:
         engine.configure(**old)
     assert len(tally.ties) <= max_tie_rate * tally.compared, (
@@ -238,11 +255,11 @@ def check_mode(engine, label: str, ar_runs: dict[str, Run], prompts: list[Prompt
     return tally
 
 
-def ar_runs_for(engine, prompts: list[Prompt]) -> dict[str, Run]:
+def ar_runs_for(engine, plan: Plan) -> dict[str, Run]:
     runs = {}
-    for p in prompts:
+    for p in plan.prompts:
         ids = engine.prompt_tokens(**p.kwargs())
-        runs[p.name] = generate(engine, ids, "ar", MAX_NEW)
+        runs[p.name] = generate(engine, ids, "ar", plan.max_new)
     return runs
 
 
@@ -254,94 +271,8 @@ def check_replay_reproduces(engine, run: Run) -> None:
     assert not bad, f"replay differs from the run at positions {bad[:10]}"
 
 
-# ---------------------------------------------------------------- the small pair
-
-@pytest.fixture(scope="module")
-def small(small_pair):
-    eng = make_engine(small_pair)
-    yield eng, ar_runs_for(eng, PROMPTS)
-    eng.close()
-
-
-@pytest.mark.real
-def test_prompts_run_long_enough(small):
-    _, ar_runs = small
-    assert len(PROMPTS) >= 10 and {p.kind for p in PROMPTS} == {"code", "prose", "chat"}
-    total = sum(len(r.out) for r in ar_runs.values())
-    assert total >= 0.6 * MAX_NEW * len(PROMPTS), {k: len(r.out) for k, r in ar_runs.items()}
-
-
-@pytest.mark.real
-@pytest.mark.timeout(1800)  # the ar runs of the module fixture count here too (pytest-timeout includes setup)
-@pytest.mark.parametrize("label", list(MODES))
-def test_greedy_lossless_small_pair(small, label):
-    engine, ar_runs = small
-    tally = check_mode(engine, label, ar_runs, prompts_for(label), max_tie_rate=0.0)
-    if label == "ssd":
-        assert tally.prespec.get("hits", 0) + tally.prespec.get("partial_hits", 0) > 0, tally.prespec
-    if label == "ssd-budget4":
-        assert tally.prespec.get("misses", 0) > 0, tally.prespec
-
-
-@pytest.mark.real
-def test_replay_reproduces_whole_runs(small):
-    """Guards the tie diagnosis: replaying recorded rounds gives back every token of ar and sd runs."""
-    engine, ar_runs = small
-    p = PROMPTS[0]
-    check_replay_reproduces(engine, ar_runs[p.name])
-    sd = FIRST_RUNS.get((id(engine), "sd", p.name)) or generate(engine, ar_runs[p.name].prompt, "sd", MAX_NEW)
-    check_replay_reproduces(engine, sd)
-
-
-@pytest.mark.real
-def test_tie_diagnosis_rejects_a_real_difference(small):
-    """A fabricated speculative run whose token differs from ar's must fail the diagnosis, even where
-    the two candidates are close: the replay shows its row's argmax is not the token it claims."""
-    engine, ar_runs = small
-    ar = ar_runs[PROMPTS[0].name]
-    rows = replay(engine, ar, list(range(len(ar.out))))
-    margins = {i: float(np.sort(r)[-1] - np.sort(r)[-2]) for i, r in rows.items()}
-    i = min(margins, key=margins.get)  # the closest call in the run
-    runner_up = int(np.argsort(rows[i])[-2])
-    fake = Run(ar.prompt, ar.out[:i] + [runner_up] + ar.out[i + 1:], ar.rounds, ar.stop_reason, ar.stats)
-    assert first_difference(ar, fake) == i
-    with pytest.raises(AssertionError, match="not lossless"):
-        diagnose(engine, ar, fake, i, "fabricated")
-
-
-# ---------------------------------------------------------------- the default Qwen pair
-
-# ten of the prompts (4 code, 3 prose, 3 chat): at one thread per model this group takes half an hour
-QWEN_PROMPTS = [p for p in PROMPTS if p.name not in ("sql_schema", "chat_list")]
-
-
-@pytest.fixture(scope="module")
-def qwen(default_pair):
-    eng = make_engine(default_pair)
-    yield eng, ar_runs_for(eng, QWEN_PROMPTS)
-    eng.close()
-
-
-@pytest.mark.default_pair
-@pytest.mark.timeout(3600)  # 1.5B + 0.5B at one thread each: ~10 min per mode, plus the ar runs in setup
-@pytest.mark.parametrize("label", list(MODES))
-def test_greedy_lossless_default_pair(qwen, label):
-    engine, ar_runs = qwen
-    prompts = [p for p in prompts_for(label) if p in QWEN_PROMPTS]
-    check_mode(engine, label, ar_runs, prompts, max_tie_rate=QWEN_MAX_TIE_RATE)
-
-
-@pytest.mark.default_pair
-@pytest.mark.timeout(3600)
-def test_replay_reproduces_whole_runs_default_pair(qwen):
-    engine, ar_runs = qwen
-    p = PROMPTS[0]
-    check_replay_reproduces(engine, ar_runs[p.name])
-    sd = FIRST_RUNS.get((id(engine), "sd", p.name)) or generate(engine, ar_runs[p.name].prompt, "sd", MAX_NEW)
-    check_replay_reproduces(engine, sd)
-
-
-def teardown_module() -> None:
+def report_ties() -> None:
+    """Print every tie of the session (a module's teardown_module calls this)."""
     if TIES:
         print("\nnear-ties between batched and one-token logits (all proven, compared around):")
         for t in TIES:

@@ -1,11 +1,11 @@
 """A snapshot of the main screen: the SVG that `App.export_screenshot()` writes,
-compared with the committed tests/snapshots/tui_main.svg.
+compared with the committed tests/faces/snapshots/tui_main.svg.
 
-Stable by construction: a fixed clock, the fake engine's scripted figures (no
+Stable by construction: a fixed clock, the scripted engine's figures (no
 wall time), no cursor blink, no notifications. After an intended change of the
 look, regenerate and review the picture:
 
-    SSD_EDGE_UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/test_tui_snapshot.py
+    SSD_EDGE_UPDATE_SNAPSHOTS=1 .venv/bin/pytest tests/faces/test_tui_snapshot.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tui.widgets.chat import PromptInput
-from tui_fake import make_app, send
+from pilot import make_app, send
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "tui_main.svg"
 UPDATE = os.environ.get("SSD_EDGE_UPDATE_SNAPSHOTS") == "1"

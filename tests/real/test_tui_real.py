@@ -8,7 +8,7 @@ import pytest
 from ssd_edge.config import EngineConfig
 from tui.app import SSDEdgeApp
 from tui.widgets.panel import Gauge
-from tui_fake import send, wait_for
+from pilot import send, wait_for
 
 pytestmark = pytest.mark.real
 

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 from ssd_edge import catalog, cli, settings
 from ssd_edge.catalog import Catalog, CatalogModel, PartSpec
-from ssd_edge.errors import DecodeError, FetchError
-from test_chat import REPLY, FakeEngine
+from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
+from test_chat import REPLY, one_word_engine
 
 
 @pytest.fixture(autouse=True)
@@ -121,13 +121,6 @@ def test_tiny_truncated_gguf(tmp_path):
     assert code == 3 and one_error(err) == f"error: truncated GGUF file (only 5 bytes): {bad}"
 
 
-def test_gguf_header_with_garbage(tmp_path):
-    bad = tmp_path / "garbage.gguf"
-    bad.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(range(256)) * 8)
-    code, _, err = run(["generate", "hi", "-m", str(bad)])
-    assert code == 3 and "llama.cpp could not load" in one_error(err)
-
-
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
 def test_unreadable_model_file(tmp_path):
     bad = tmp_path / "locked.gguf"
@@ -205,7 +198,7 @@ def test_no_prompt_and_stdin_is_a_terminal():
 
 @pytest.fixture
 def fake_engine(monkeypatch):
-    engine = FakeEngine()
+    engine = one_word_engine()
     monkeypatch.setattr(cli, "load_engine", lambda cfg, s: engine)
     return engine
 
@@ -256,6 +249,20 @@ def test_generate_decode_error_mid_answer_exits_6(fake_engine):
     code, out, err = run(["generate", "Explain speculation"])
     assert code == 6 and out == "Speculation lets"
     assert one_error(err) == "error: llama_decode failed with code -3 (fake.gguf)"
+
+
+@pytest.mark.parametrize("error", [
+    VocabMismatchError("target t.gguf and draft d.gguf have different vocabularies (token 300: 'om' vs 'il')"),
+    CorruptModelError("llama.cpp could not load /m/cut.gguf (truncated or corrupt GGUF?)"),
+])
+def test_a_model_the_engine_refuses_is_one_line_exit_3(monkeypatch, error):
+    """What the engine raises on loading reaches the user as its one line (the engine's checks on real
+    files: tests/real/test_backend.py)."""
+    def refuse(cfg, s):
+        raise error
+    monkeypatch.setattr(cli, "load_engine", refuse)
+    code, out, err = run(["generate", "hi", "-m", "t.gguf", "-md", "d.gguf"])
+    assert code == 3 and out == "" and one_error(err) == f"error: {error}"
 
 
 def test_generate_prompt_longer_than_context_exits_5(fake_engine):

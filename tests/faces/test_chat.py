@@ -1,6 +1,6 @@
 """The terminal chat loop (ssd_edge/chat.py) without a TTY: lines from a stream,
-output to a rich Console, and a fake engine that yields the real event types
-(TokenEvent, Round, LiveStats from a real Meter, FinishEvent)."""
+output to a rich Console, and the scripted engine (tests/scripted.py), which
+yields the real event types with a real Meter's summary."""
 
 from __future__ import annotations
 
@@ -8,91 +8,38 @@ import io
 import json
 import os
 import signal
-import threading
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from rich.console import Console
 
+from scripted import ONE_WORD, ScriptedEngine, default_config
 from ssd_edge.chat import ChatSession, stream_reader
-from ssd_edge.config import EngineConfig
-from ssd_edge.errors import ConfigError, ContextFullError, DecodeError
-from ssd_edge.events import FinishEvent, Round, TokenEvent
-from ssd_edge.metrics import Meter
+from ssd_edge.errors import ConfigError, DecodeError
 
 REPLY = "Speculation lets a small model draft tokens that the target checks in one batch."
 
 
-class FakeEngine:
-    """Words of `reply` as tokens; the prompt costs one token per word plus 4 per message."""
-
-    def __init__(self, reply: str = REPLY, n_ctx: int = 512) -> None:
-        self.config = EngineConfig.build(target=dict(path="fake-target.gguf"), draft=dict(path="fake-draft.gguf"),
-                                         n_ctx=n_ctx, mode="ssd")
-        self.reply = reply
-        self.requests: list[list[dict[str, str]]] = []
-        self.before_token: Callable[[int], None] | None = None  # hook: runs before word i is emitted
-        self.closed = False
-
-    def close(self) -> None:
-        self.closed = True
-
-    def prompt_tokens(self, prompt: str | None = None, messages: Any = None) -> list[int]:
-        n = sum(len(m["content"].split()) + 4 for m in messages) if messages is not None else len(prompt.split())
-        return list(range(n))
-
-    def configure(self, **changes: Any) -> EngineConfig:
-        cfg = self.config.model_dump()
-        for key, value in changes.items():
-            {"temperature": cfg["sampling"], "k": cfg["spec"]}.get(key, cfg)[key] = value
-        self.config = EngineConfig.build(**cfg)
-        return self.config
-
-    def generate(self, prompt: str | None = None, *, messages: Any = None, tokens: Any = None,
-                 max_tokens: int = 256, stop: Any = (), cancel: threading.Event | None = None, **_: Any):
-        n_prompt = len(tokens) if tokens is not None else len(self.prompt_tokens(prompt, messages))
-        if n_prompt >= self.config.n_ctx:
-            raise ContextFullError(f"the prompt has {n_prompt} tokens and does not fit in the context of "
-                                   f"{self.config.n_ctx} (raise -c/--ctx-size)")
-        self.requests.append(list(messages or []))
-        cancel = cancel or threading.Event()
-        meter = Meter(self.config.mode, self.config.spec.k, 64)
-        words = [w if i == 0 else " " + w for i, w in enumerate(self.reply.split(" "))]
-        text, reason, message = "", None, None
-        for i, word in enumerate(words):
-            if self.before_token:
-                self.before_token(i)
-            if cancel.is_set():
-                reason = "cancelled"
-                break
-            if n_prompt + i >= self.config.n_ctx:
-                reason, message = "context", f"the context of {self.config.n_ctx} tokens is full"
-                break
-            if i >= max_tokens:
-                reason = "length"
-                break
-            rnd = Round(i, "ssd", "prespec", "hit", 2, 2, 12.0, 6.0, 0.0)
-            meter.record(rnd, 1)
-            text += word
-            yield TokenEvent(word, (i,), ("prespec",), rnd, meter.live())
-        yield FinishEvent(text, tuple(range(len(text.split()))), reason or "eos", meter.summary(), message, "")
+def one_word_engine(reply: str = REPLY, n_ctx: int = 512) -> ScriptedEngine:
+    """The scripted engine, a word per round: tests here act between words (before_token)."""
+    return ScriptedEngine(default_config(n_ctx=n_ctx), reply, script=ONE_WORD)
 
 
-def session_for(engine: FakeEngine, **kwargs: Any) -> tuple[ChatSession, io.StringIO]:
+def session_for(engine: ScriptedEngine, **kwargs: Any) -> tuple[ChatSession, io.StringIO]:
     out = io.StringIO()
     console = Console(file=out, width=200, soft_wrap=True, color_system=None)
     kwargs.setdefault("max_tokens", 256)
     return ChatSession(engine, console, **kwargs), out
 
 
-def chat(engine: FakeEngine, text: str, **kwargs: Any) -> tuple[int, str, ChatSession]:
+def chat(engine: ScriptedEngine, text: str, **kwargs: Any) -> tuple[int, str, ChatSession]:
     session, out = session_for(engine, **kwargs)
     code = session.run(stream_reader(io.StringIO(text), session.console))
     return code, out.getvalue(), session
 
 
 def test_answer_streams_with_a_stats_line():
-    engine = FakeEngine()
+    engine = one_word_engine()
     code, out, session = chat(engine, "Hello there\n")
     assert code == 0
     assert "you › Hello there" in out
@@ -105,7 +52,7 @@ def test_answer_streams_with_a_stats_line():
 
 
 def test_multiline_input_backslash_and_block():
-    engine = FakeEngine()
+    engine = one_word_engine()
     code, out, _ = chat(engine, 'first \\\nsecond\n"""\nline one\n\nline three\n"""\n"""one liner"""\n')
     assert code == 0
     sent = [r[-1]["content"] for r in engine.requests]
@@ -113,14 +60,14 @@ def test_multiline_input_backslash_and_block():
 
 
 def test_history_is_sent_each_turn_with_the_system_prompt():
-    engine = FakeEngine()
+    engine = one_word_engine()
     chat(engine, "one\ntwo\n", system="Be brief.")
     assert [m["role"] for m in engine.requests[1]] == ["system", "user", "assistant", "user"]
     assert engine.requests[1][0]["content"] == "Be brief."
 
 
 def test_slash_commands_change_settings():
-    engine = FakeEngine()
+    engine = one_word_engine()
     code, out, _ = chat(engine, "/mode ar\n/k 6\n/temp 0.3\n/k\n")
     assert code == 0
     cfg = engine.config
@@ -136,7 +83,7 @@ def test_slash_commands_change_settings():
     ("/bogus", "unknown command /bogus (/help lists them)"),
 ])
 def test_bad_slash_commands_say_why_and_change_nothing(line, message):
-    engine = FakeEngine()
+    engine = one_word_engine()
     before = engine.config
     code, out, _ = chat(engine, line + "\nstill here\n")
     assert code == 0 and message in out
@@ -145,7 +92,7 @@ def test_bad_slash_commands_say_why_and_change_nothing(line, message):
 
 
 def test_system_clear_stats_help_quit():
-    engine = FakeEngine()
+    engine = one_word_engine()
     text = "/stats\n/system Talk like a pirate.\n/system\nhi\n/stats\n/clear\n/system none\n/help\n/quit\nnever sent\n"
     code, out, session = chat(engine, text)
     assert code == 0
@@ -159,14 +106,14 @@ def test_system_clear_stats_help_quit():
 
 
 def test_double_slash_sends_a_literal_slash():
-    engine = FakeEngine()
+    engine = one_word_engine()
     chat(engine, "//etc/hosts is a file\n")
     assert engine.requests[0][-1]["content"] == "/etc/hosts is a file"
 
 
 def test_save_json_markdown_and_default_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_EDGE_CHATS", str(tmp_path / "chats"))
-    engine = FakeEngine()
+    engine = one_word_engine()
     j, md = tmp_path / "c.json", tmp_path / "c.md"
     code, out, session = chat(engine, f"What is SSD?\n/save {j}\n/save {md}\n/save\n", system="sys")
     assert code == 0 and f"saved 2 messages to {j}" in out
@@ -183,12 +130,12 @@ def test_save_json_markdown_and_default_folder(tmp_path, monkeypatch):
 def test_save_to_an_unwritable_place_is_an_error_not_a_crash(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    code, out, _ = chat(FakeEngine(), f"/save {blocker}/sub/c.json\nhi\n")
+    code, out, _ = chat(one_word_engine(), f"/save {blocker}/sub/c.json\nhi\n")
     assert code == 0 and "error: cannot save to" in out and REPLY in out
 
 
 def test_ctrl_c_stops_the_answer_not_the_session():
-    engine = FakeEngine()
+    engine = one_word_engine()
     asked: list[int] = []
 
     def interrupt(i: int) -> None:
@@ -208,7 +155,7 @@ def test_ctrl_c_stops_the_answer_not_the_session():
 
 
 def test_sigterm_during_an_answer_ends_the_session_with_143():
-    engine = FakeEngine()
+    engine = one_word_engine()
     engine.before_token = lambda i: os.kill(os.getpid(), signal.SIGTERM) if i == 2 else None
     code, out, _ = chat(engine, "first\nnever answered\n")
     assert code == 143 and "(stopped)" in out
@@ -224,7 +171,7 @@ def test_ctrl_c_at_the_prompt_discards_the_line():
         if calls["n"] == 1:
             raise KeyboardInterrupt
         return next(lines)
-    engine = FakeEngine()
+    engine = one_word_engine()
     session, out = session_for(engine)
     assert session.run(reader) == 0
     assert "input discarded" in out.getvalue()
@@ -232,7 +179,7 @@ def test_ctrl_c_at_the_prompt_discards_the_line():
 
 
 def test_long_conversations_drop_the_oldest_turns():
-    engine = FakeEngine(reply="word " * 20, n_ctx=120)
+    engine = one_word_engine(reply="word " * 20, n_ctx=120)
     code, out, session = chat(engine, "".join(f"question number {i} " + "pad " * 10 + "\n" for i in range(5)))
     assert code == 0 and "left out the 2 oldest messages to fit the context of 120 tokens" in out
     last = engine.requests[-1]
@@ -241,7 +188,7 @@ def test_long_conversations_drop_the_oldest_turns():
 
 
 def test_a_message_longer_than_the_context_is_refused_and_forgotten():
-    engine = FakeEngine(n_ctx=64)
+    engine = one_word_engine(n_ctx=64)
     code, out, session = chat(engine, "long " * 100 + "\nshort one\n")
     assert code == 0
     assert "error: the prompt has 104 tokens and does not fit in the context of 64" in out
@@ -250,7 +197,7 @@ def test_a_message_longer_than_the_context_is_refused_and_forgotten():
 
 
 def test_context_filling_mid_answer_stops_cleanly_and_says_why():
-    engine = FakeEngine(reply="more " * 200, n_ctx=64)
+    engine = one_word_engine(reply="more " * 200, n_ctx=64)
     code, out, session = chat(engine, "tell me everything\n")
     assert code == 0
     assert "(stopped: the context of 64 tokens is full; /clear starts over)" in out
@@ -258,7 +205,7 @@ def test_context_filling_mid_answer_stops_cleanly_and_says_why():
 
 
 def test_engine_errors_are_reported_and_the_session_goes_on():
-    engine = FakeEngine()
+    engine = one_word_engine()
 
     def fail(i: int) -> None:
         if i == 2 and len(engine.requests) == 1:
@@ -271,7 +218,7 @@ def test_engine_errors_are_reported_and_the_session_goes_on():
 
 
 def test_invalid_utf8_input_is_a_config_error():
-    engine = FakeEngine()
+    engine = one_word_engine()
     session, out = session_for(engine)
     stream = io.TextIOWrapper(io.BytesIO(b"hi \xff\xfe there\n"), encoding="utf-8", errors="strict")
     with pytest.raises(ConfigError, match=r"the input is not valid UTF-8 \(byte 0xff\)"):

@@ -1,0 +1,116 @@
+"""The Backend protocol: what the engine needs of a model and a context.
+
+ssd_edge/backend.py implements it with llama.cpp; tests/fakes.py
+implements it with a tiny deterministic model. Nothing here imports llama_cpp,
+so the engine, the drafters and SSD import (and are tested) without the
+compiled library. Aborted, TextStream and ModelInfo live here because both
+implementations share them; backend.py re-exports them under their old names.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+
+class Aborted(Exception):
+    """A decode stopped by its abort flag. llama.cpp has removed the batch's positions
+    from the KV cache, so every sequence is as it was before the call."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str
+    description: str
+    n_params: int
+    size_bytes: int
+    n_vocab: int
+    n_layer: int
+    n_ctx_train: int
+    gpu_layers: int  # layers really offloaded (0 on a CPU-only build, whatever was asked)
+    kv_bytes_per_cell: int  # K+V bytes one token occupies in the KV cache (f16 cache)
+
+
+@runtime_checkable
+class BackendModel(Protocol):
+    """A loaded model: its vocabulary and chat template. May back several contexts."""
+
+    path: Path
+    n_vocab: int
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as empty)."""
+
+    def is_eog(self, token: int) -> bool: ...
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AbortSignal(Protocol):
+    """Polled during a decode: set() makes the decode in flight (or the next) raise Aborted."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+@runtime_checkable
+class BackendContext(Protocol):
+    """One KV cache with its thread count. Never used from two threads at once.
+
+    With n_seq_max > 1 the cache is unified: a cell may belong to several
+    sequences, seq_cp adds a sequence to cells without copying them, and one
+    batch can decode tokens of many sequences.
+    """
+
+    model: BackendModel
+    n_ctx: int
+    n_batch: int
+    n_seq_max: int
+    threads: int
+    abort: AbortSignal
+
+    def set_threads(self, threads: int) -> None: ...
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
+               logits_for: Sequence[int]) -> np.ndarray:
+        """Decode one batch; float32 logit rows (len(logits_for), n_vocab) for the listed batch indices.
+        A sequence's first position in the batch must be one past its last stored position."""
+
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
+        """Remove positions [p0, p1) of `seq` (p1 = -1: to the end)."""
+
+    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Last stored position of `seq`, -1 when empty."""
+
+    def clear(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TextStream:
+    """Turns token ids into text incrementally; a UTF-8 character split across
+    tokens is held back until its last byte arrives."""
+
+    def __init__(self, model: BackendModel):
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.piece(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
