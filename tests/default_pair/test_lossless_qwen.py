@@ -22,7 +22,7 @@ from prompts import PROMPTS
 # 2 code, 1 prose, 2 chat prompts (the budget prompts among them). Measured with 6 prompts at 96 tokens:
 # 1,070 s for this layer on a loaded 2-core machine, most of it proving near-ties (7 in sd alone).
 QWEN_NAMES = ("fibonacci", "js_fetch", "lighthouse", "chat_code", "chat_multi")
-QWEN = Plan(("sd", "ssd", "ssd-budget4"), tuple(p for p in PROMPTS if p.name in QWEN_NAMES), 64)
+QWEN = Plan(("sd", "ssd", "ssd-budget4", "auto"), tuple(p for p in PROMPTS if p.name in QWEN_NAMES), 64)
 
 
 def pytest_generate_tests(metafunc) -> None:
