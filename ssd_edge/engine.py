@@ -13,7 +13,7 @@ Modes:  ar      the target alone, one token per step
 Every mode emits exactly the target's tokens: its greedy tokens at temperature 0,
 and when sampling, its coupled draws (coupling.py), which follow its distribution
 and are the same for the same seed in every mode (up to near-ties between batched
-and one-token logits; see tests/test_lossless.py).
+and one-token logits; see tests/lossless_check.py).
 """
 
 from __future__ import annotations

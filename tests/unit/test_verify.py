@@ -1,8 +1,8 @@
 """verify: edge cases of the acceptance rule (accept while the draft equals the target's draw).
 
-That the target's draws follow its distribution is tests/test_coupling.py and
-tests/test_distribution.py; that every mode commits exactly them is
-tests/test_auto.py and tests/test_lossless.py. Here each case has a known answer.
+That the target's draws follow its distribution is tests/unit/test_coupling.py and
+tests/unit/test_distribution.py; that every mode commits exactly them is
+tests/engine/test_auto.py and tests/real/test_lossless.py. Here each case has a known answer.
 """
 
 from __future__ import annotations
