@@ -145,11 +145,6 @@ class Model:
         self._closed = False
 
     # ------------------------------------------------------------ metadata
-    def meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(4096)
-        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
-        return buf.value.decode(errors="replace") if n >= 0 else None
-
     def info(self) -> ModelInfo:
         buf = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.ptr, buf, len(buf))
@@ -344,9 +339,6 @@ class Context:
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
         ll.llama_memory_seq_cp(self.mem, src, dst, p0, p1)
-
-    def seq_keep(self, seq: int) -> None:
-        ll.llama_memory_seq_keep(self.mem, seq)
 
     def seq_pos_max(self, seq: int) -> int:
         """Last stored position of `seq`, -1 when empty."""

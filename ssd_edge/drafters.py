@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -56,12 +56,6 @@ def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> 
 
 
 EMPTY = Draft((), "none")
-
-
-class Drafter(Protocol):
-    name: str
-
-    def propose(self, history: Sequence[int], k: int) -> Draft: ...
 
 
 class NgramDrafter:

@@ -186,6 +186,3 @@ class PrespecPolicy:
         c = self.costs.draft_step_ms.value
         rate = [gain[m] / (self.verify_cost(m + 1, k) + max(0, m - ready) * c) for m in range(k + 1)]
         return int(np.argmax(rate))
-
-    def label(self) -> str:
-        return self.state
