@@ -207,7 +207,10 @@ class _Planned(_Plain):
         return Proposal(self.drafter.propose(history, d.m, self.cancelled), "draft", status)
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
-        if self.worker is not None:
+        # The worker prepares the next round only where a prepared branch is expected to beat a plain
+        # step; otherwise the target verifies alone (the draft beside it would only slow it down).
+        # The prompt is read in the first round either way: the draft must catch up some time.
+        if self.worker is not None and (not self.prefilled or self.planner.prespec_pays(k_next)):
             self.worker.verifying(history, draft, k_next)
 
     def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,

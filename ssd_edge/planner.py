@@ -217,6 +217,15 @@ class Planner:
         log.debug("plan: %s", d.describe())
         return d
 
+    def prespec_pays(self, k: int) -> bool:
+        """Is a branch prepared beside the target worth its cost? A prepared branch of k tokens (no
+        drafting left) must beat a plain step, else the draft decoding beside the target only slows
+        it down (on shared memory bandwidth, or shared cores): the worker then rests this round."""
+        if k < max(1, self.k_min):
+            return False
+        best = max(self.gain("draft", m) / self.target.ms(m + 1) for m in range(max(1, self.k_min), k + 1))
+        return best > (1.0 + PLAIN_MARGIN) / self.step_ms()
+
     # ------------------------------------------------------------ observations
     def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
                 committed_top1: Sequence[float] = ()) -> None:

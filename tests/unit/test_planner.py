@@ -147,3 +147,13 @@ def test_draft_min_is_never_planned_below():
     assert p.plan(Offer(3, ngram=1)).kind == "plain"  # one n-gram token is below --draft-min 2
     d = p.plan(Offer(3, ngram=3))
     assert d.kind == "ngram" and d.m >= 2
+
+
+def test_the_worker_prepares_only_where_a_prepared_branch_beats_a_plain_step():
+    p = planner()
+    teach_draft(p, 0.95)
+    assert p.prespec_pays(3)          # a good draft: a ready branch of 3 beats a plain step
+    weak = planner()
+    teach_draft(weak, 0.2, confidence=0.25)
+    assert not weak.prespec_pays(3)   # prose: the draft beside the target would only slow it
+    assert not p.prespec_pays(0)
