@@ -179,8 +179,8 @@ class PrespecPolicy:
         m = 0 is a plain target step (the worker pre-speculates the next round meanwhile). On a
         CPU, where verifying 4 tokens costs 1.5 steps and 2 tokens 1.6, it mostly picks 0 or 3.
         With plan_rounds off: always k."""
-        if not self.cfg.plan_rounds:
-            return k
+        if not self.cfg.plan_rounds or (not self.verify_curve and not self._verifies_timed):
+            return k  # no verify timed yet (and no profile): draft, so that one is
         al = np.array([self.alpha[min(i, len(self.alpha) - 1)].value for i in range(k)])
         gain = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(al))])  # gain[m] = E[tokens | m drafted]
         c = self.costs.draft_step_ms.value

@@ -128,7 +128,10 @@ def test_plan_round_on_a_cpu_curve_verifies_nothing_or_a_batch_of_four():
 
 def test_plan_round_without_a_curve_is_flat_until_a_step_is_timed():
     pol = _policy(0.5, curve=None)
-    pol.costs.verify_ms.value = 100.0
+    pol.observe_costs(0, 40.0, None)                        # a plain step timed, no verify yet:
+    assert pol.plan_round(ready=0, k=3) == 3                # draft k, so that a verify gets timed
+    pol = _policy(0.5, curve=None)
+    pol.observe_costs(3, 100.0, None)                       # a verify took 100 ms, no plain step timed
     assert pol.plan_round(ready=3, k=3) == 3                # flat: more tokens per verify is free
     pol.observe_costs(0, 40.0, None)                        # a plain step took 40 ms, a verify 100
     assert pol.plan_round(ready=0, k=3) == 0
