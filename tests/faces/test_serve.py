@@ -391,26 +391,28 @@ def test_a_non_streaming_client_that_gives_up_cancels_too(live):
     assert metric(srv.metrics(), "ssd_edge_generations_total", reason="cancelled") == 1
 
 
+def held_stream(srv, opened: list, hold: threading.Event) -> threading.Thread:
+    """A client on its own thread whose long stream stays open (its lines in `opened`) until `hold` is set."""
+    def run():
+        with httpx.Client(timeout=30) as c:
+            with c.stream("POST", srv.url + TEXT, json={"prompt": "abc", "max_tokens": 900, "mode": "ar",
+                                                       "stream": True}) as r:
+                for line in r.iter_lines():
+                    opened.append(line)
+                    if hold.is_set():
+                        return
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
 def test_a_full_queue_answers_503_with_retry_after(live):
     srv = live(fake_engine(delay=0.01), max_queue=1)
     hold = threading.Event()
-
-    def held(opened):  # a stream that stays open until `hold` is set
-        def run():
-            with httpx.Client(timeout=30) as c:
-                with c.stream("POST", srv.url + TEXT, json={"prompt": "abc", "max_tokens": 900, "mode": "ar",
-                                                           "stream": True}) as r:
-                    for line in r.iter_lines():
-                        opened.append(line)
-                        if hold.is_set():
-                            return
-        t = threading.Thread(target=run, daemon=True)
-        t.start()
-        return t
     first, second = [], []
-    a = held(first)
+    a = held_stream(srv, first, hold)
     wait_until(lambda: srv.scheduler.busy)
-    b = held(second)
+    b = held_stream(srv, second, hold)
     wait_until(lambda: srv.scheduler.depth == 1)
     r = httpx.post(srv.url + TEXT, json={"prompt": "x", "max_tokens": 2}, timeout=5)
     assert r.status_code == 503 and r.json()["error"]["code"] == "queue_full"
@@ -430,17 +432,7 @@ def test_a_queued_client_that_leaves_is_withdrawn(live):
     srv = live(fake_engine(delay=0.01), max_queue=4)
     opened: list = []
     hold = threading.Event()
-
-    def run():
-        with httpx.Client(timeout=30) as c:
-            with c.stream("POST", srv.url + TEXT, json={"prompt": "abc", "max_tokens": 900, "mode": "ar",
-                                                       "stream": True}) as r:
-                for line in r.iter_lines():
-                    opened.append(line)
-                    if hold.is_set():
-                        return
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t = held_stream(srv, opened, hold)
     wait_until(lambda: srv.scheduler.busy)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(srv.url + TEXT, json={"prompt": "x", "max_tokens": 2}, timeout=0.3)
