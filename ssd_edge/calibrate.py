@@ -212,7 +212,8 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
                 proposed += bool(shadow.ask(history))
                 history.extend(ev.tokens)
                 draft.add_round(ev.round.drafted, ev.round.accepted)
-                ngram.add(*shadow.settle(history))
+                settled = shadow.settle(history)
+                ngram.add(sum(ok for _, ok in settled), sum(not ok for _, ok in settled))
             # ssd at the concurrent split this device would use: half the cores each
             tick(f"acceptance probe {i + 1}/{len(PROBE)} (ssd)")
             engine.target_ctx.set_threads(max(1, threads // 2))
@@ -242,6 +243,29 @@ def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progr
     prof.save(p)
     engine.profile = p
     return p, True
+
+
+# The lighter measurement run the first time mode auto meets a pair on a device (about 30 s for the
+# default pair on 2 cores): verify sizes up to 7 tokens, two repetitions, a short acceptance probe.
+# `ssd-edge calibrate` redoes it in full.
+FIRST_USE = dict(k_max=6, reps=2, probe_tokens=24, overlap_s=0.8)
+
+
+def needs_first_use(engine: Engine) -> bool:
+    """Whether mode auto would run on this engine's pair without a profile of this device."""
+    if engine.draft is None or engine.config.mode != "auto":
+        return False
+    try:
+        return prof.load(engine.target.path, engine.draft.path) is None
+    except OSError:  # a model without a file (the tests' fakes)
+        return False
+
+
+def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> prof.Profile:
+    """Measure and save this device's profile for the engine's pair (FIRST_USE settings). A failure
+    or Ctrl-C part way saves nothing: the profile is written whole at the end, or not at all."""
+    p, _ = ensure_profile(engine, recalibrate=True, progress=progress, **FIRST_USE)
+    return p
 
 
 # ---------------------------------------------------------------- CLI

@@ -197,7 +197,38 @@ def load_engine(cfg: EngineConfig, s: Settings) -> Any:
 
     log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
     with _stderr().status(f"loading {describe(cfg)}…"):
-        return Engine(cfg, models_dir=str(s.models_dir))
+        engine = Engine(cfg, models_dir=str(s.models_dir))
+    if not s["no_calibrate"]:
+        try:
+            calibrate_on_first_use(engine)
+        except BaseException:
+            engine.close()
+            raise
+    return engine
+
+
+def calibrate_on_first_use(engine: Any) -> None:
+    """The first time mode auto meets a model pair on this device: measure the device (about half a
+    minute, with a progress bar) and save the profile the planner prices rounds with."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .calibrate import calibrate_first_use, needs_first_use
+
+    if not needs_first_use(engine):
+        return
+    err = _stderr()
+    err.print(f"first use of {model_label(str(engine.target.path))} + {model_label(str(engine.draft.path))} "
+              "on this device: measuring it for mode auto (once; `ssd-edge calibrate` redoes it, "
+              "--no-calibrate skips it)")
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
+                      transient=True) as bar:
+            task = bar.add_task("calibrating", total=1.0)
+            p = calibrate_first_use(engine, lambda what, frac: bar.update(task, description=what, completed=frac))
+    except KeyboardInterrupt:
+        err.print("calibration interrupted; no profile saved")
+        raise
+    err.print(f"calibrated in {p.calibration_s:.0f} s")
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -361,7 +392,7 @@ def _tui(flags: dict[str, Any]) -> None:
             if e.name not in ("tui", "tui.app"):
                 raise
             raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
-        code = run_app(cfg, str(s.models_dir))
+        code = run_app(cfg, str(s.models_dir), calibrate=not s["no_calibrate"])
     raise typer.Exit(code if isinstance(code, int) else 0)
 
 

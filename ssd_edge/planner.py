@@ -155,7 +155,9 @@ class Planner:
         self.draft_cost = Costs(draft_curve, draft_ms or (draft_curve[0] if draft_curve else 0.4 * step), 0.27)
         # Each prior counts as one trial: the first real trials outweigh it at once.
         self.draft_alpha = [Rate(draft_prior, weight=1.0) for _ in range(k)]  # P(accept position i | reached it)
-        self.ngram_alpha = Rate(0.5, weight=1.0)
+        # P(accept position i | reached it), per position: a long exact copy (an edit that quotes its
+        # source) is likelier to go on the further it has matched.
+        self.ngram_alpha = [Rate(0.5, weight=1.0) for _ in range(k)]
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
         self.rounds_since_draft = 0
@@ -167,7 +169,7 @@ class Planner:
     # ------------------------------------------------------------ estimates
     def alpha(self, kind: Kind, i: int) -> float:
         if kind == "ngram":
-            return self.ngram_alpha.value
+            return self.ngram_alpha[min(i, self.k - 1)].value
         measured = self.draft_alpha[min(i, self.k - 1)]
         proxy = min(1.0, self.calibration.value * self.confidence.value)
         if measured.n == 0:  # the draft has not run yet: the target's confidence is all there is
@@ -244,7 +246,8 @@ class Planner:
         else:
             self.rounds_since_draft += 1
         if kind == "ngram" and drafted and self.shadow is None:
-            self.ngram_alpha.add(accepted, min(drafted, accepted + 1))
+            for i in range(min(drafted, accepted + 1, self.k)):
+                self.ngram_alpha[i].add(1.0 if i < accepted else 0.0)
         for p in committed_top1:
             self.confidence.add(p)
 
@@ -256,8 +259,8 @@ class Planner:
     def observe_history(self, history: Sequence[int]) -> None:
         """The committed history after a round: scores the n-gram lookup's standing proposals."""
         if self.shadow is not None:
-            matched, mismatched = self.shadow.settle(history)
-            self.ngram_alpha.add(matched, matched + mismatched)
+            for i, matched in self.shadow.settle(history):
+                self.ngram_alpha[min(i, self.k - 1)].add(1.0 if matched else 0.0)
 
     def ask_ngram(self, history: Sequence[int]) -> tuple[int, ...]:
         """The n-gram lookup's proposal for this round (remembered, to be scored as tokens commit)."""
@@ -273,7 +276,7 @@ class Planner:
         return {"decisions": dict(self.decisions),
                 "draft_alpha": [round(self.alpha("draft", i), 3) for i in range(self.k)],  # as the planner sees it
                 "draft_alpha_measured": [round(r.value, 3) if r.n else None for r in self.draft_alpha],
-                "ngram_alpha": round(self.ngram_alpha.value, 3),
+                "ngram_alpha": [round(self.alpha("ngram", i), 3) for i in range(self.k)],
                 "step_ms": round(self.step_ms(), 2),
                 "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
                 "draft_step_ms": round(self.draft_cost.ms(1), 2),
@@ -295,21 +298,22 @@ class NgramShadow:
             self.pending.append((len(history), prop, 0))
         return prop
 
-    def settle(self, history: Sequence[int]) -> tuple[int, int]:
-        """(proposed tokens that matched, proposals that hit a mismatch) decided since the last call."""
-        matched = mismatched = 0
+    def settle(self, history: Sequence[int]) -> list[tuple[int, bool]]:
+        """The proposed tokens decided since the last call: (position in its proposal, matched), in
+        order. A proposal's tokens after its first mismatch are never reached, so not scored."""
+        out: list[tuple[int, bool]] = []
         keep = []
         for start, prop, seen in self.pending:
             known = min(len(history) - start, len(prop))
             ended = False
             while seen < known:
                 if history[start + seen] != prop[seen]:
-                    mismatched += 1
+                    out.append((seen, False))
                     ended = True
                     break
-                matched += 1
+                out.append((seen, True))
                 seen += 1
             if not ended and seen < len(prop):
                 keep.append((start, prop, seen))
         self.pending = keep
-        return matched, mismatched
+        return out

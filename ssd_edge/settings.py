@@ -85,6 +85,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
     Option("mode", ("--mode",), str, "decoding: auto | ar | sd | lookup | ssd (default auto: each round, "
            "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
+    Option("no_calibrate", ("--no-calibrate",), bool, "do not measure this device the first time mode auto "
+           "meets a model pair (auto then prices rounds from what each generation times)", _X),
     Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 3)", _X),
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),

@@ -51,6 +51,22 @@ def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
     return Engine(config, models_dir=models_dir)
 
 
+def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
+    """The default factory, and the first time mode auto meets the pair on this device, its
+    measurement (about half a minute more of "loading…"; `ssd-edge calibrate` shows the details)."""
+    from ssd_edge.calibrate import calibrate_first_use, needs_first_use
+
+    engine = default_engine_factory(config, models_dir)
+    try:
+        if needs_first_use(engine):
+            log.info("first use of this pair on this device: calibrating for mode auto")
+            calibrate_first_use(engine)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
 class SSDEdgeApp(EngineHost, Controls, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "ssd-edge"
@@ -289,9 +305,11 @@ def logs_to_file() -> Iterator[Path]:
         handler.close()
 
 
-def run_app(config: EngineConfig, models_dir: str | None = None) -> int:
-    """Run the TUI until the user quits; returns the process exit code."""
-    app = SSDEdgeApp(config, models_dir=models_dir)
+def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool = True) -> int:
+    """Run the TUI until the user quits; returns the process exit code. calibrate: measure the
+    device the first time mode auto meets the model pair (see calibrating_engine_factory)."""
+    app = SSDEdgeApp(config, models_dir=models_dir,
+                     engine_factory=calibrating_engine_factory if calibrate else default_engine_factory)
     with logs_to_file():
         try:
             app.run()

@@ -32,10 +32,12 @@ def ssd_edge(*args: str, input: str | bytes | None = None, timeout: float = 300,
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """The caller's environment without SSD_EDGE_* settings or a user config file."""
+    """The caller's environment without SSD_EDGE_* settings or a user config file, and without the
+    first-use calibration of mode auto (tested on its own below)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SSD_EDGE_") or k in ("SSD_EDGE_HOME", "SSD_EDGE_MODELS")}
     env["XDG_CONFIG_HOME"] = "/nonexistent-ssd-edge-test"
+    env["SSD_EDGE_NO_CALIBRATE"] = "1"
     env.update(extra)
     return env
 
@@ -79,3 +81,19 @@ def test_chat_here_doc(small_pair):
     assert "you › What is the capital of France?" in out and "you › And of Italy?" in out
     assert "mode ar · k 3 · temp 0" in out and "decode speed" in out
     assert len(re.findall(r"^\d+ tokens · ", out, re.M)) == 2
+
+
+def test_auto_calibrates_a_pair_on_first_use_only(small_pair, tmp_path):
+    env = clean_env(SSD_EDGE_HOME=str(tmp_path), SSD_EDGE_NO_CALIBRATE="0")
+    args = ("generate", "def add(a, b):", *pair_args(small_pair), "-n", "8")
+    skipped = ssd_edge(*args, "--no-calibrate", env=env)
+    assert skipped.returncode == 0, skipped.stderr.decode()
+    assert "first use" not in skipped.stderr.decode() and not (tmp_path / "profiles").exists()
+    first = ssd_edge(*args, env=env)  # mode auto is the default
+    assert first.returncode == 0, first.stderr.decode()
+    assert "first use of" in first.stderr.decode() and re.search(r"calibrated in \d+ s", first.stderr.decode())
+    profiles = list((tmp_path / "profiles").glob("*.json"))
+    assert len(profiles) == 1 and json.loads(profiles[0].read_text())["costs"]
+    again = ssd_edge(*args, env=env)
+    assert again.returncode == 0 and "first use" not in again.stderr.decode()
+    assert again.stdout == first.stdout == skipped.stdout  # greedy: the profile changes speed, not text

@@ -187,9 +187,10 @@ def test_ngram_shadow_scores_each_proposed_token_as_it_is_decided():
     shadow = NgramShadow(NgramDrafter(1, 3), k=3)
     history = [1, 2, 3, 4, 9, 1, 2]          # "1 2" seen before, followed by 3 4 9
     assert shadow.ask(history) == (3, 4, 9)
-    assert shadow.settle(history + [3]) == (1, 0)          # 3 matched; 4 and 9 undecided
-    assert shadow.settle(history + [3, 4, 5]) == (1, 1)    # then 4 matched and 9 did not
-    assert shadow.settle(history + [3, 4, 5, 6]) == (0, 0) # nothing pending
+    # (position in the proposal, matched)
+    assert shadow.settle(history + [3]) == [(0, True)]                      # 4 and 9 undecided
+    assert shadow.settle(history + [3, 4, 5]) == [(1, True), (2, False)]    # 4 matched, 9 did not
+    assert shadow.settle(history + [3, 4, 5, 6]) == []                      # nothing pending
     assert shadow.ask([5, 6, 7]) == ()        # nothing to look up
 
 

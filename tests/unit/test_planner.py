@@ -88,6 +88,28 @@ def test_ngram_wins_on_a_quoting_answer():
     assert (d.kind, d.m) == ("ngram", 3)
 
 
+def test_ngram_acceptance_is_learnt_per_position():
+    """A lookup whose first token is a coin flip but whose copy, once started, goes on (an edit that
+    quotes its source): later positions are trusted more than the first."""
+    ngram = NgramDrafter(2, 2)
+    p = planner(ngram=ngram)
+    copy, other = [3, 4, 5], [9, 8, 6]
+    history = [1, 2] + copy
+    last = copy
+    for r in range(32):
+        history += [7, 1, 2]
+        assert p.ask_ngram(history) == tuple(last)  # what followed [1, 2] the last time
+        # the answer repeats its last continuation every other round: the proposal then matches
+        # whole, else it fails at its first token
+        last = [copy, copy, other, other][r % 4]
+        history += last
+        p.observe_history(history)
+    first, second, third = (p.alpha("ngram", i) for i in range(3))
+    assert first == pytest.approx(0.5, abs=0.1)
+    assert second > 0.9 and third > 0.9
+    assert p.gain("ngram", 3) == pytest.approx(1 + first + first * second + first * second * third)
+
+
 def test_a_prepared_branch_beats_drafting_now():
     p = planner()
     teach_draft(p, 0.9)
@@ -143,7 +165,8 @@ def test_report_names_every_estimate():
 def test_draft_min_is_never_planned_below():
     p = planner(k_min=2)
     for _ in range(10):  # a perfect n-gram record
-        p.ngram_alpha.add(1.0)
+        for r in p.ngram_alpha:
+            r.add(1.0)
     assert p.plan(Offer(3, ngram=1)).kind == "plain"  # one n-gram token is below --draft-min 2
     d = p.plan(Offer(3, ngram=3))
     assert d.kind == "ngram" and d.m >= 2
