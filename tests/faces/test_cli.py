@@ -289,14 +289,16 @@ def test_chat_command_invalid_utf8(fake_engine):
 
 def test_tui_gets_the_config_and_models_dir(monkeypatch, tmp_path):
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(run_app=lambda c, d: calls.append((c, d))))
+    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(run_app=lambda c, d, calibrate: calls.append((c, d, calibrate))))
     code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"])
     assert code == 0
-    cfg, models_dir = calls[0]
+    cfg, models_dir, calibrate = calls[0]
     assert (cfg.target.path, cfg.mode, cfg.target.threads, models_dir) == ("smollm2-135m", "ar", 2, str(tmp_path))
+    assert calibrate  # on first use of mode auto
     monkeypatch.setenv("SSD_EDGE_MODE", "lookup")
+    monkeypatch.setenv("SSD_EDGE_NO_CALIBRATE", "1")
     code, _, _ = run([])  # no command: the TUI, with settings from the environment
-    assert code == 0 and calls[1][0].mode == "lookup"
+    assert code == 0 and calls[1][0].mode == "lookup" and not calls[1][2]
 
 
 def test_tui_missing_is_a_clear_error(monkeypatch):
