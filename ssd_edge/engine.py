@@ -174,6 +174,7 @@ class _Planned(_Plain):
         self.meter = meter
         self.decision: Decision | None = None
         self.prefilled = False  # the first round reads the prompt: a plain step, every core on it
+        self.busy = False       # whether the worker drafts beside the verify now running
 
     @property
     def state(self) -> str:
@@ -188,6 +189,8 @@ class _Planned(_Plain):
         status = lookup.status if lookup is not None and lookup.status != "none" else None
         if status is not None:
             self.worker.policy.observe_lookup(status)  # the worker's window and rollback follow its hit rate
+        if status is not None:
+            self.planner.observe_lookup(status != "miss")
         hit = lookup is not None and lookup.status in ("hit", "partial")
         kv = self.drafter.kv if self.drafter is not None else None
         unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
@@ -207,10 +210,12 @@ class _Planned(_Plain):
         return Proposal(self.drafter.propose(history, d.m, self.cancelled), "draft", status)
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
-        # The worker prepares the next round only where a prepared branch is expected to beat a plain
-        # step; otherwise the target verifies alone (the draft beside it would only slow it down).
-        # The prompt is read in the first round either way: the draft must catch up some time.
-        if self.worker is not None and (not self.prefilled or self.planner.prespec_pays(k_next)):
+        # The worker prepares the next round only where that is expected to save more than it slows
+        # this verify (planner.prespec_pays); otherwise the target verifies alone. The prompt is read
+        # in the first round either way: the draft must catch up some time.
+        self.busy = self.worker is not None and (
+            not self.prefilled or self.planner.prespec_pays(k_next, len(draft) + 1))
+        if self.busy:
             self.worker.verifying(history, draft, k_next)
 
     def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,
@@ -221,7 +226,7 @@ class _Planned(_Plain):
             self.planner.observe_history(history)
             return
         kind = self.decision.kind if self.decision is not None else "plain"
-        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1.tolist())
+        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1.tolist(), busy=self.busy)
         if self.worker is not None:  # what the worker ranks outcomes by
             self.worker.policy.observe_verify(len(prop.draft), accepted, prop.speculator)
             self.worker.policy.observe_round(ms_per_token)
@@ -472,7 +477,8 @@ class Engine:
                 worker = self._worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
             planner = Planner(cfg.spec.k, k_min=cfg.spec.k_min, verify_curve=self._verify_curve(cfg.target.threads),
                               draft_curve=self._draft_curve(cfg.draft.threads) if cfg.draft else None,
-                              step_ms=self._plain_step_ms(cfg.target.threads), ngram=ngram)
+                              step_ms=self._plain_step_ms(cfg.target.threads), ngram=ngram,
+                              contention=self._contention(cfg) if worker is not None else None)
             return _Planned(planner, drafter, worker, cancelled, meter)
         policy = PrespecPolicy(p, cfg.spec.k, self._plain_step_ms(cfg.target.threads), self._verify_curve(cfg.target.threads))
         worker = self._worker = PrespecWorker(drafter, policy, p, meter, self.n_draft_seqs, cancelled)
@@ -585,6 +591,17 @@ class Engine:
         prof = self.auto_profile() if self.draft is not None else None
         costs = [c for c in prof.costs if c.draft_threads == threads] if prof is not None else []
         return list(costs[0].draft_ms) if costs else None
+
+    def _contention(self, cfg: EngineConfig) -> float | None:
+        """The profile's slowdown of the target's verify with the draft decoding beside it, at this
+        thread split: 1 for a GPU target, which a CPU draft does not slow; None where not calibrated."""
+        if cfg.target.n_gpu_layers != 0 and gpu_offload_supported():
+            return 1.0
+        prof = self.auto_profile() if self.draft is not None else None
+        if prof is None or cfg.draft is None:
+            return None
+        costs = [c for c in prof.costs if (c.target_threads, c.draft_threads) == (cfg.target.threads, cfg.draft.threads)]
+        return costs[0].target_overlap if costs else None
 
     def _plain_step_ms(self, threads: int) -> float | None:
         """One target step's cost at `threads`: as timed in earlier rounds, else from the profile."""

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["plain", "ngram", "draft", "prepared"]
 PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
 HORIZON = 128        # most tokens over which the draft's catch-up is spread
+CONTENTION_PRIOR = 1.2  # target decode time with the worker drafting beside it / alone, until measured
 
 
 class Rate:
@@ -146,7 +147,7 @@ class Planner:
     def __init__(self, k: int, *, k_min: int = 0, verify_curve: Sequence[float] | None = None,
                  draft_curve: Sequence[float] | None = None,
                  step_ms: float | None = None, draft_ms: float | None = None, ngram: NgramDrafter | None = None,
-                 draft_prior: float = 0.7) -> None:
+                 draft_prior: float = 0.7, contention: float | None = None) -> None:
         self.k = k
         self.k_min = k_min  # --draft-min: no round verifies fewer drafted tokens (but none)
         step = step_ms or (verify_curve[0] if verify_curve else 100.0)
@@ -161,6 +162,13 @@ class Planner:
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
         self.rounds_since_draft = 0
+        # Where a pre-speculation worker runs beside the target: how much slower the target decodes
+        # while the worker drafts (the profile's measurement at this thread split, then the ratio of
+        # verifies timed with the worker busy to the idle cost of the same size), and how often the
+        # next round finds its outcome prepared.
+        self.contention = Rate(contention or CONTENTION_PRIOR, weight=2.0, keep=0.9)
+        self.hits = Rate(0.5, weight=2.0, keep=0.95)
+        self.idle_ms: dict[int, float] = {}  # verifies timed with the worker resting, by size
         self.shadow = NgramShadow(ngram, k) if ngram is not None else None
         self.decisions: dict[str, int] = {}
         # every decision: (kind, m, expected tok/s, runner-up kind, its m, its expected tok/s)
@@ -219,21 +227,38 @@ class Planner:
         log.debug("plan: %s", d.describe())
         return d
 
-    def prespec_pays(self, k: int) -> bool:
-        """Is a branch prepared beside the target worth its cost? A prepared branch of k tokens (no
-        drafting left) must beat a plain step, else the draft decoding beside the target only slows
-        it down (on shared memory bandwidth, or shared cores): the worker then rests this round."""
+    def prespec_pays(self, k: int, verifying: int = 1) -> bool:
+        """Should the worker prepare the next round while the target verifies `verifying` tokens?
+
+        Preparing costs this verify its slowdown beside the draft: (contention - 1) x its time (on a
+        GPU target next to nothing; on cores the two models share, a lot). It pays when the next
+        round finds its outcome prepared (the hit rate) and a ready branch of m tokens then saves
+        time against the best way to make as many tokens without one (plain steps, or a draft
+        drafted just in time). Otherwise the worker rests and the target verifies alone."""
         if k < max(1, self.k_min):
             return False
-        best = max(self.gain("draft", m) / self.target.ms(m + 1) for m in range(max(1, self.k_min), k + 1))
-        return best > (1.0 + PLAIN_MARGIN) / self.step_ms()
+        step = self.draft_cost.ms(1)
+        alternative = max(1.0 / self.step_ms(), *(self.gain("draft", m) / (self.target.ms(m + 1) + m * step)
+                                                    for m in range(max(1, self.k_min), k + 1)))
+        saved = max(self.gain("draft", m) / alternative - self.target.ms(m + 1)
+                    for m in range(max(1, self.k_min), k + 1))
+        cost = max(0.0, self.contention.value - 1.0) * self.target.ms(verifying)
+        return self.hits.value * saved > cost
 
     # ------------------------------------------------------------ observations
     def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
-                committed_top1: Sequence[float] = ()) -> None:
-        """A verified round: what was proposed, how much was accepted, the target's decode time, and
-        the target's top-1 probability at each committed position (accepted drafts, then its own)."""
-        self.target.add(drafted + 1, verify_ms)
+                committed_top1: Sequence[float] = (), busy: bool = False) -> None:
+        """A verified round: what was proposed, how much was accepted, the target's decode time
+        (busy: with the worker drafting beside it), and the target's top-1 probability at each
+        committed position (accepted drafts, then its own)."""
+        n = drafted + 1
+        if busy:  # compared with an idle verify of the same size where one was timed
+            if n in self.idle_ms:
+                self.contention.add(verify_ms / self.idle_ms[n])
+            self.target.add(n, verify_ms / self.contention.value)
+        else:
+            self.idle_ms[n] = verify_ms if n not in self.idle_ms else 0.7 * self.idle_ms[n] + 0.3 * verify_ms
+            self.target.add(n, verify_ms)
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0
             for i in range(min(drafted, self.k)):
@@ -250,6 +275,10 @@ class Planner:
                 self.ngram_alpha[i].add(1.0 if i < accepted else 0.0)
         for p in committed_top1:
             self.confidence.add(p)
+
+    def observe_lookup(self, prepared: bool) -> None:
+        """A round after the worker prepared: did it find its outcome (a hit or a partial hit)?"""
+        self.hits.add(1.0 if prepared else 0.0)
 
     def observe_prefill(self, committed_top1: Sequence[float]) -> None:
         """The prompt's round: its time says nothing of a step, its token's confidence does count."""
@@ -280,6 +309,8 @@ class Planner:
                 "step_ms": round(self.step_ms(), 2),
                 "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
                 "draft_step_ms": round(self.draft_cost.ms(1), 2),
+                "contention": round(self.contention.value, 3),
+                "prepared_hit_rate": round(self.hits.value, 3),
                 "rounds": [list(x) for x in self.log]}
 
 

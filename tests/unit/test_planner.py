@@ -172,11 +172,34 @@ def test_draft_min_is_never_planned_below():
     assert d.kind == "ngram" and d.m >= 2
 
 
-def test_the_worker_prepares_only_where_a_prepared_branch_beats_a_plain_step():
-    p = planner()
-    teach_draft(p, 0.95)
-    assert p.prespec_pays(3)          # a good draft: a ready branch of 3 beats a plain step
-    weak = planner()
+def test_the_worker_prepares_only_where_a_prepared_branch_pays_for_its_contention():
+    gpu = planner(contention=1.0)  # a GPU target: the draft beside it costs the verify nothing
+    teach_draft(gpu, 0.95)
+    assert gpu.prespec_pays(3, verifying=4)
+    assert not gpu.prespec_pays(0)
+    weak = planner(contention=1.0)
     teach_draft(weak, 0.2, confidence=0.25)
-    assert not weak.prespec_pays(3)   # prose: the draft beside the target would only slow it
-    assert not p.prespec_pays(0)
+    assert not weak.prespec_pays(3)   # prose: a ready branch would save nothing over plain steps
+    shared = planner(contention=1.8)  # cores the two models share: the verify slows by 80%
+    teach_draft(shared, 0.95)
+    assert not shared.prespec_pays(3, verifying=4)
+    # separate cores, a small slowdown: it pays while the prepared branches are found, not after
+    separate = planner(contention=1.1)
+    teach_draft(separate, 0.95)
+    assert separate.prespec_pays(3, verifying=4)
+    for _ in range(30):
+        separate.observe_lookup(False)
+    assert not separate.prespec_pays(3, verifying=4)
+
+
+def test_contention_is_learnt_from_verifies_timed_with_the_worker_busy_and_idle():
+    p = planner()  # no profile measurement: the prior
+    assert p.contention.value == pytest.approx(1.2)
+    for _ in range(20):
+        p.observe("plain", 0, 0, 100.0)
+        p.observe("plain", 0, 0, 150.0, busy=True)
+    assert p.contention.value == pytest.approx(1.5, abs=0.07)  # the prior (2 trials) is still in it
+    # a busy verify counts as an idle one divided by the slowdown known then (which lags a little)
+    assert p.step_ms() == pytest.approx(100.0, abs=4.0)
+
+
