@@ -231,7 +231,8 @@ class Planner:
         """Should the worker prepare the next round while the target verifies `verifying` tokens?
 
         Preparing costs this verify its slowdown beside the draft: (contention - 1) x its time (on a
-        GPU target next to nothing; on cores the two models share, a lot). It pays when the next
+        GPU target next to nothing; on cores the two models share, a lot), and the wait for the
+        worker's first branch where that takes longer than the verify. It pays when the next
         round finds its outcome prepared (the hit rate) and a ready branch of m tokens then saves
         time against the best way to make as many tokens without one (plain steps, or a draft
         drafted just in time). Otherwise the worker rests and the target verifies alone."""
@@ -242,7 +243,10 @@ class Planner:
                                                     for m in range(max(1, self.k_min), k + 1)))
         saved = max(self.gain("draft", m) / alternative - self.target.ms(m + 1)
                     for m in range(max(1, self.k_min), k + 1))
-        cost = max(0.0, self.contention.value - 1.0) * self.target.ms(verifying)
+        busy_verify = self.contention.value * self.target.ms(verifying)
+        cost = busy_verify - self.target.ms(verifying)
+        # The next round waits for the worker's first branch (k draft steps) if the verify ends first.
+        cost += max(0.0, k * step - busy_verify)
         return self.hits.value * saved > cost
 
     # ------------------------------------------------------------ observations
