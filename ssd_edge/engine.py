@@ -245,9 +245,12 @@ class _Planned(_Plain):
 
 def top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
     """The target's probability of its likeliest token, per row (at temperature 1 when greedy)."""
-    x = rows.astype(np.float64) / (s.temperature if s.temperature > 0 else 1.0)
+    # float32 throughout: a planning estimate, computed every round over the whole vocabulary, where
+    # float64 cost 1 ms a row (2% of a 1.5B model's step on 2 cores)
+    x = rows * np.float32(1.0 / (s.temperature if s.temperature > 0 else 1.0))
     x -= x.max(axis=1, keepdims=True)
-    return 1.0 / np.exp(x).sum(axis=1)
+    np.exp(x, out=x)
+    return 1.0 / x.sum(axis=1, dtype=np.float64)
 
 
 # ---------------------------------------------------------------- text and stops
