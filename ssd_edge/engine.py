@@ -189,14 +189,14 @@ class _Planned(_Plain):
         status = lookup.status if lookup is not None and lookup.status != "none" else None
         if status is not None:
             self.worker.policy.observe_lookup(status)  # the worker's window and rollback follow its hit rate
-        if status is not None:
-            self.planner.observe_lookup(status != "miss")
         hit = lookup is not None and lookup.status in ("hit", "partial")
         kv = self.drafter.kv if self.drafter is not None else None
         unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
         offer = Offer(k, remaining, ngram=len(ngram), draft=self.drafter is not None, draft_unread=unread,
                       prepared=len(lookup.draft) if hit else None, prepared_done=hit and lookup.finished)
         d = self.decision = self.planner.plan(offer)
+        if status is not None:  # the worker prepared this round: did the plan use what it found?
+            self.planner.observe_lookup(d.kind == "prepared")
         if d.kind == "plain":
             return Proposal(EMPTY, "none", status)
         if d.kind == "ngram":

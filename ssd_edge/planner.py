@@ -71,20 +71,34 @@ class Rate:
 
 
 class Costs:
-    """ms of a decode of n tokens for one model: a running mean per batch size, and for sizes not
-    yet timed the device's curve (scaled to the timed sizes) or a line through the timed ones."""
+    """ms of a decode of n tokens for one model.
+
+    With the device's curve (the calibration profile): the curve times one scale, a running mean of
+    observed / curve over every decode timed within the curve, whatever its size. So a size that stopped being
+    chosen (plain steps, after one slow step on a busy machine) is still re-priced by the others,
+    and cannot stay written off on one stale reading. Without a curve: a running mean per size, and
+    for sizes not yet timed a line through the timed ones (or the prior). Each reading is clipped to
+    within a factor of 2 of the current estimate, so one outlier moves it by a bounded step."""
+
+    ALPHA = 0.3  # weight of a new reading
 
     def __init__(self, curve: Sequence[float] | None, step_prior: float, slope_prior: float) -> None:
         self.curve = list(curve) if curve else None
         self.step_prior = step_prior    # ms of one token before anything is timed
         self.slope_prior = slope_prior  # extra ms per extra token, as a fraction of one step
+        self.scale = 1.0                # observed / curve (with a curve)
         self.timed: dict[int, float] = {}
 
-    def add(self, n: int, ms: float, alpha: float = 0.3) -> None:
+    def add(self, n: int, ms: float) -> None:
         if n < 1 or ms <= 0:
             return
-        old = self.timed.get(n)
-        self.timed[n] = ms if old is None else old + alpha * (ms - old)
+        old = self.ms(n)
+        ms = min(max(ms, old / 2), old * 2)
+        if self.curve and n <= len(self.curve):
+            ratio = ms / self._curve_at(n)
+            self.scale += self.ALPHA * (ratio - self.scale) if self.timed else ratio - self.scale
+        prev = self.timed.get(n)
+        self.timed[n] = ms if prev is None else prev + self.ALPHA * (ms - prev)
 
     def _curve_at(self, n: int) -> float:
         assert self.curve
@@ -95,13 +109,12 @@ class Costs:
 
     def ms(self, n: int) -> float:
         n = max(1, n)
-        if n in self.timed:
+        if self.curve and n <= len(self.curve):
+            return self._curve_at(n) * self.scale
+        if n in self.timed:  # (beyond the curve: a long catch-up read, priced as it was timed)
             return self.timed[n]
         if self.curve:
-            if not self.timed:
-                return self._curve_at(n)
-            scale = float(np.mean([ms / self._curve_at(m) for m, ms in self.timed.items()]))
-            return self._curve_at(n) * scale
+            return self._curve_at(n) * self.scale
         if not self.timed:
             return self.step_prior * (1 + self.slope_prior * (n - 1))
         sizes = sorted(self.timed)
@@ -281,7 +294,8 @@ class Planner:
             self.confidence.add(p)
 
     def observe_lookup(self, prepared: bool) -> None:
-        """A round after the worker prepared: did it find its outcome (a hit or a partial hit)?"""
+        """A round after the worker prepared: was a prepared branch verified (a hit, or a partial hit
+        worth extending)? A branch found but not worth verifying saved nothing."""
         self.hits.add(1.0 if prepared else 0.0)
 
     def observe_prefill(self, committed_top1: Sequence[float]) -> None:

@@ -48,6 +48,23 @@ def test_costs_use_the_curve_scaled_to_what_is_timed():
     assert c.ms(7) == pytest.approx(2 * (220 + 50 * 2))  # beyond the curve: its last slope
 
 
+def test_one_slow_plain_step_does_not_write_plain_steps_off():
+    """A plain step timed slow once (the machine was busy) scales the whole curve, not the plain step
+    alone: the plan stays plain (with a per-size estimate the draft would win from then on, and
+    plain steps, never chosen again, would never be re-timed). Later readings bring it back."""
+    p = planner()
+    teach_draft(p, 0.55)  # a draft that does not pay on this curve
+    for _ in range(5):
+        p.observe("plain", 0, 0, 105.0)
+    assert p.plan(Offer(3, draft=True)).kind == "plain"
+    p.observe("plain", 0, 0, 400.0)  # clipped to 2x the estimate
+    assert p.step_ms() == pytest.approx(105.0 * 1.3)
+    assert p.plan(Offer(3, draft=True)).kind == "plain"
+    for m in (2, 3, 2, 3, 2, 3):  # other sizes timed as the curve says re-price the plain step too
+        p.observe("draft", m, 0, CPU_CURVE[m], [0.5])
+    assert p.step_ms() == pytest.approx(105.0, rel=0.05)
+
+
 def test_costs_without_a_curve_interpolate_the_timed_sizes():
     c = Costs(None, 100.0, 0.25)
     assert c.ms(3) == pytest.approx(150.0)  # the prior line
