@@ -258,8 +258,9 @@ class Planner:
                     for m in range(max(1, self.k_min), k + 1))
         busy_verify = self.contention.value * self.target.ms(verifying)
         cost = busy_verify - self.target.ms(verifying)
-        # The next round waits for the worker's first branch (k draft steps) if the verify ends first.
-        cost += max(0.0, k * step - busy_verify)
+        # The next round waits for the worker's first branch if the verify ends first: the last
+        # drafted token's row (the outcome's candidates), then k draft steps.
+        cost += max(0.0, (k + 1) * step - busy_verify)
         return self.hits.value * saved > cost
 
     # ------------------------------------------------------------ observations
