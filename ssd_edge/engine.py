@@ -215,8 +215,8 @@ class _Planned(_Plain):
         # in the first round either way: the draft must catch up some time.
         self.busy = self.worker is not None and (
             not self.prefilled or self.planner.prespec_pays(k_next, len(draft) + 1))
-        if self.busy:  # the prompt's round: read it, prepare nothing (no estimate says it pays yet)
-            self.worker.verifying(history, draft, k_next if self.prefilled else 0)
+        if self.busy:
+            self.worker.verifying(history, draft, k_next)
 
     def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, draft_s: float,
                 ms_per_token: float, top1: np.ndarray) -> None:

@@ -273,14 +273,8 @@ class PrespecWorker:
         self.base = None
         if not self.policy.prespec_enabled or self._interrupted():
             return
-        t0 = time.perf_counter()
-        if k_next <= 0:  # read only (the prompt, while the target reads it too): nothing to look up
-            try:
-                self.drafter.kv.feed(history + list(draft.tokens), 1, self.cancelled)
-            finally:
-                self._busy(t0)
-            return
         self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
+        t0 = time.perf_counter()
         try:
             self._prepare(history, draft, k_next)
         finally:
