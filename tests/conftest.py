@@ -144,11 +144,7 @@ def make_engine(pair: tuple[Path, Path], **overrides):
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
-    eng = Engine(EngineConfig.build(**cfg))
-    # A calibration profile of this pair in the user's cache (from a run by hand) would change what
-    # auto plans; tests that want one set engine.profile themselves.
-    eng._profile_looked_up = True
-    return eng
+    return Engine(EngineConfig.build(**cfg))
 
 
 @pytest.fixture(scope="session")
