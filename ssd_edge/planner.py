@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 Kind = Literal["plain", "ngram", "draft", "prepared"]
 PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
 HORIZON = 128        # most tokens over which the draft's catch-up is spread
+HIT_PRIOR = 0.5        # how often a prepared round is verified, until measured
 CONTENTION_PRIOR = 1.2  # target decode time with the worker drafting beside it / alone, until measured
 
 
@@ -70,6 +71,11 @@ class Rate:
         return (self.s + self.weight * self.prior) / (self.n + self.weight)
 
 
+def running_mean(old: float | None, new: float, alpha: float) -> float:
+    """An exponential running mean: the first reading as is, then `alpha` of each new one."""
+    return new if old is None else old + alpha * (new - old)
+
+
 class Costs:
     """ms of a decode of n tokens for one model.
 
@@ -86,8 +92,8 @@ class Costs:
         self.curve = list(curve) if curve else None
         self.step_prior = step_prior    # ms of one token before anything is timed
         self.slope_prior = slope_prior  # extra ms per extra token, as a fraction of one step
-        self.scale = 1.0                # observed / curve (with a curve)
-        self.timed: dict[int, float] = {}
+        self.scale: float | None = None  # observed / curve (with a curve; None until a size within it is timed)
+        self.timed: dict[int, float] = {}  # running mean per size (without a curve, or beyond it)
 
     def add(self, n: int, ms: float) -> None:
         if n < 1 or ms <= 0:
@@ -96,9 +102,9 @@ class Costs:
         ms = min(max(ms, old / 2), old * 2)
         if self.curve and n <= len(self.curve):
             ratio = ms / self._curve_at(n)
-            self.scale += self.ALPHA * (ratio - self.scale) if self.timed else ratio - self.scale
-        prev = self.timed.get(n)
-        self.timed[n] = ms if prev is None else prev + self.ALPHA * (ms - prev)
+            self.scale = ratio if self.scale is None else self.scale + self.ALPHA * (ratio - self.scale)
+            return
+        self.timed[n] = running_mean(self.timed.get(n), ms, self.ALPHA)
 
     def _curve_at(self, n: int) -> float:
         assert self.curve
@@ -109,12 +115,13 @@ class Costs:
 
     def ms(self, n: int) -> float:
         n = max(1, n)
+        scale = 1.0 if self.scale is None else self.scale
         if self.curve and n <= len(self.curve):
-            return self._curve_at(n) * self.scale
+            return self._curve_at(n) * scale
         if n in self.timed:  # (beyond the curve: a long catch-up read, priced as it was timed)
             return self.timed[n]
         if self.curve:
-            return self._curve_at(n) * self.scale
+            return self._curve_at(n) * scale
         if not self.timed:
             return self.step_prior * (1 + self.slope_prior * (n - 1))
         sizes = sorted(self.timed)
@@ -180,7 +187,8 @@ class Planner:
         # verifies timed with the worker busy to the idle cost of the same size), and how often the
         # next round finds its outcome prepared.
         self.contention = Rate(contention or CONTENTION_PRIOR, weight=2.0, keep=0.9)
-        self.hits = Rate(0.5, weight=2.0, keep=0.95)
+        self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)
+        self.rounds_resting = 0  # rounds since the worker last prepared one
         self.idle_ms: dict[int, float] = {}  # verifies timed with the worker resting, by size
         self.shadow = NgramShadow(ngram, k) if ngram is not None else None
         self.decisions: dict[str, int] = {}
@@ -244,8 +252,7 @@ class Planner:
         """Should the worker prepare the next round while the target verifies `verifying` tokens?
 
         Preparing costs this verify its slowdown beside the draft: (contention - 1) x its time (on a
-        GPU target next to nothing; on cores the two models share, a lot), and the wait for the
-        worker's first branch where that takes longer than the verify. It pays when the next
+        GPU target next to nothing; on cores the two models share, a lot). It pays when the next
         round finds its outcome prepared (the hit rate) and a ready branch of m tokens then saves
         time against the best way to make as many tokens without one (plain steps, or a draft
         drafted just in time). Otherwise the worker rests and the target verifies alone."""
@@ -256,12 +263,15 @@ class Planner:
                                                     for m in range(max(1, self.k_min), k + 1)))
         saved = max(self.gain("draft", m) / alternative - self.target.ms(m + 1)
                     for m in range(max(1, self.k_min), k + 1))
-        busy_verify = self.contention.value * self.target.ms(verifying)
-        cost = busy_verify - self.target.ms(verifying)
-        # The next round waits for the worker's first branch if the verify ends first: the last
-        # drafted token's row (the outcome's candidates), then k draft steps.
-        cost += max(0.0, (k + 1) * step - busy_verify)
-        return self.hits.value * saved > cost
+        cost = (self.contention.value - 1.0) * self.target.ms(verifying)
+        return self.hit_rate() * saved > cost
+
+    def hit_rate(self) -> float:
+        """How often a prepared round is verified. It is measured only while the worker prepares, so
+        once resting it fades back to the prior (as a stale draft alpha does): one bad stretch
+        (prose) cannot keep the worker idle when the text turns predictable."""
+        fresh = 0.5 ** (self.rounds_resting / 8.0)
+        return fresh * self.hits.value + (1.0 - fresh) * HIT_PRIOR
 
     # ------------------------------------------------------------ observations
     def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
@@ -270,12 +280,13 @@ class Planner:
         (busy: with the worker drafting beside it), and the target's top-1 probability at each
         committed position (accepted drafts, then its own)."""
         n = drafted + 1
+        self.rounds_resting = 0 if busy else self.rounds_resting + 1
         if busy:  # compared with an idle verify of the same size where one was timed
             if n in self.idle_ms:
                 self.contention.add(verify_ms / self.idle_ms[n])
             self.target.add(n, verify_ms / self.contention.value)
         else:
-            self.idle_ms[n] = verify_ms if n not in self.idle_ms else 0.7 * self.idle_ms[n] + 0.3 * verify_ms
+            self.idle_ms[n] = running_mean(self.idle_ms.get(n), verify_ms, Costs.ALPHA)
             self.target.add(n, verify_ms)
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0
@@ -298,6 +309,7 @@ class Planner:
         """A round after the worker prepared: was a prepared branch verified (a hit, or a partial hit
         worth extending)? A branch found but not worth verifying saved nothing."""
         self.hits.add(1.0 if prepared else 0.0)
+        self.rounds_resting = 0
 
     def observe_prefill(self, committed_top1: Sequence[float]) -> None:
         """The prompt's round: its time says nothing of a step, its token's confidence does count."""
@@ -329,7 +341,7 @@ class Planner:
                 "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
                 "draft_step_ms": round(self.draft_cost.ms(1), 2),
                 "contention": round(self.contention.value, 3),
-                "prepared_hit_rate": round(self.hits.value, 3),
+                "prepared_hit_rate": round(self.hit_rate(), 3),
                 "rounds": [list(x) for x in self.log]}
 
 

@@ -209,6 +209,18 @@ def test_the_worker_prepares_only_where_a_prepared_branch_pays_for_its_contentio
     assert not separate.prespec_pays(3, verifying=4)
 
 
+def test_a_resting_worker_is_tried_again_as_its_hit_rate_fades_to_the_prior():
+    p = planner(contention=1.1)
+    teach_draft(p, 0.95)
+    for _ in range(30):  # a stretch where nothing the worker prepared was verified
+        p.observe_lookup(False)
+    assert not p.prespec_pays(3, verifying=4)
+    for _ in range(40):  # it rests; plain steps meanwhile
+        p.observe("plain", 0, 0, CPU_CURVE[0])
+    assert p.hit_rate() == pytest.approx(0.5, abs=0.02)
+    assert p.prespec_pays(3, verifying=4)
+
+
 def test_contention_is_learnt_from_verifies_timed_with_the_worker_busy_and_idle():
     p = planner()  # no profile measurement: the prior
     assert p.contention.value == pytest.approx(1.2)
