@@ -245,8 +245,8 @@ def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progr
     return p, True
 
 
-# The lighter measurement run the first time mode auto meets a pair on a device (about 30 s for the
-# default pair on 2 cores): verify sizes up to 7 tokens, two repetitions, a short acceptance probe.
+# The lighter measurement run the first time mode auto meets a pair on a device (the full one took
+# 53 s on the default pair on 2 cores): verify sizes up to 7 tokens, two repetitions, a short probe.
 # `ssd-edge calibrate` redoes it in full.
 FIRST_USE = dict(k_max=6, reps=2, probe_tokens=24, overlap_s=0.8)
 

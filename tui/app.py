@@ -53,7 +53,7 @@ def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
 
 def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
     """The default factory, and the first time mode auto meets the pair on this device, its
-    measurement (about half a minute more of "loading…"; `ssd-edge calibrate` shows the details)."""
+    measurement (a longer "loading…"; `ssd-edge calibrate` shows the details)."""
     from ssd_edge.calibrate import calibrate_first_use, needs_first_use
 
     engine = default_engine_factory(config, models_dir)
