@@ -79,17 +79,25 @@ class NgramDrafter:
     def propose(self, history: Sequence[int], k: int) -> Draft:
         h = np.asarray(history, dtype=np.int64)
         n_hist = len(h)
-        for n in range(min(self.ngram_max, n_hist - 1), self.ngram_min - 1, -1):
-            tail = h[n_hist - n:]
-            # windows starting at 0 .. n_hist-n-1 (exclude the tail itself)
-            windows = np.lib.stride_tricks.sliding_window_view(h[:-1], n)
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
-                cont = h[start:start + k]
-                if len(cont):
-                    return Draft(tuple(int(t) for t in cont), "ngram", match=_match_length(h, start, n))
-        return Draft((), "ngram")
+        if n_hist < 2 or k < 1:
+            return Draft((), "ngram")
+        # The earlier ends of the history's last token; then of its last 2 tokens, 3, ... (each
+        # step keeps the ends that also match one more token back), up to ngram_max.
+        ends = np.flatnonzero(h[:-1] == h[-1])
+        found, found_n, n, longest = None, 0, 1, min(self.ngram_max, n_hist - 1)
+        while len(ends):
+            if n >= self.ngram_min:
+                found, found_n = ends, n  # the longest n-gram so far that occurred earlier
+            if n == longest:
+                break
+            ends = ends[ends >= n]
+            ends = ends[h[ends - n] == h[n_hist - 1 - n]]
+            n += 1
+        if found is None:
+            return Draft((), "ngram")
+        start = int(found[-1]) + 1  # just after the most recent occurrence
+        cont = h[start:start + k]
+        return Draft(tuple(int(t) for t in cont), "ngram", match=_match_length(h, start, found_n))
 
 
 def _match_length(h: np.ndarray, start: int, n: int) -> int:

@@ -40,6 +40,25 @@ def test_ngram_min_is_respected():
     assert NgramDrafter(2, 3).propose(h, 2).tokens == ()
 
 
+def _reference_ngram(h: list[int], k: int, lo: int, hi: int) -> tuple[int, ...]:
+    """Prompt lookup written the plain way: the longest n-gram first, its most recent occurrence."""
+    for n in range(min(hi, len(h) - 1), lo - 1, -1):
+        tail = h[len(h) - n:]
+        for i in range(len(h) - n - 1, -1, -1):  # occurrences ending before the history's last token
+            if h[i:i + n] == tail:
+                return tuple(h[i + n:i + n + k])
+    return ()
+
+
+@pytest.mark.parametrize("lo, hi", [(1, 4), (2, 4), (2, 2), (3, 6)])
+def test_ngram_lookup_equals_the_plain_definition(lo, hi):
+    rng = np.random.default_rng(lo * 10 + hi)
+    for _ in range(400):
+        h = [int(t) for t in rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(0, 40)))]
+        k = int(rng.integers(1, 5))
+        assert NgramDrafter(lo, hi).propose(h, k).tokens == _reference_ngram(h, k, lo, hi), (h, k)
+
+
 def test_ngram_match_length_runs_back_past_the_ngram():
     # the 2-gram [7, 8] matches; the passages before it agree over 5 tokens (3 4 5 7 8), not 6 (1 vs 2)
     quoted = [3, 4, 5, 7, 8]
