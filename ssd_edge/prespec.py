@@ -21,7 +21,8 @@ soonest), then the others together in one batch per depth step. When the
 engine asks (the verification has ended, the target is idle), a branch decode
 in flight is aborted (llama.cpp's abort callback): waiting for it would only
 delay the target, and what the branches hold so far is still served (a partial
-hit). Reading history the draft has not seen yet (the prompt, rounds it sat
+hit). The one exception is a decode of the likeliest branch when it is the
+outcome the engine looks up: that decode is the hit, so it finishes. Reading history the draft has not seen yet (the prompt, rounds it sat
 out) is progress kept for later rounds, so that is never aborted. Branches
 never hold more than `budget_cells` KV cells.
 
@@ -134,6 +135,17 @@ class LookupResult(NamedTuple):
     finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
 
 
+def _outcome(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, int] | None:
+    """The verification outcome (a, b) that took history C + d to `history`: a draft tokens of d
+    accepted, then the target's token b; None if `history` does not follow C that way."""
+    C, d = base
+    n = len(C)
+    a = common_prefix(history[n:], d.tokens)
+    if len(history) == n + a + 1 and history[:n] == C:
+        return a, history[n + a]
+    return None
+
+
 class PrespecWorker:
     """The draft side of SSD, on its own thread. The engine calls lookup() /
     extend() / draft_now() (blocking; answered between two draft decodes) and
@@ -156,6 +168,9 @@ class PrespecWorker:
         self.max_cells_seen = 0
         self.error: BaseException | None = None
         self._abortable = False  # True while growing branches (a decode the engine may abort)
+        # the outcome (a, b) of the likeliest branch while it grows alone: the engine lets a decode
+        # of the branch it is about to look up finish instead of aborting it
+        self._growing_first: tuple[int, int] | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
@@ -172,10 +187,19 @@ class PrespecWorker:
         """Draft the branch that the last lookup found (a partial hit) on to k tokens."""
         return self._call("extend", history, k)
 
-    def _preempt(self) -> None:
-        """Stop a branch decode in flight: the engine is waiting."""
-        if self._abortable:
-            self.ctx.abort.set()
+    def _preempt(self, history: list[int] | None = None) -> None:
+        """Stop a branch decode in flight: the engine is waiting. A decode of the likeliest branch
+        is let finish when it is the outcome being looked up (`history`): it is the hit.
+
+        Runs on the engine thread; it only reads what the worker publishes before each wave
+        (`base`, `_abortable`, `_growing_first`; single attribute reads under the GIL) and sets the
+        abort flag, which the worker clears before each message it takes."""
+        if not self._abortable:
+            return
+        first, base = self._growing_first, self.base
+        if first is not None and history is not None and base is not None and _outcome(base, history) == first:
+            return
+        self.ctx.abort.set()
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
         self._inbox.put(("verifying", (list(history), draft, k_next)))
@@ -187,7 +211,7 @@ class PrespecWorker:
             self._thread.join()
 
     def _call(self, kind: str, *args: Any) -> Any:
-        self._preempt()
+        self._preempt(args[0] if kind == "lookup" else None)
         self._inbox.put((kind, args))
         status, value = self._outbox.get()
         if status == "err":
@@ -234,13 +258,9 @@ class PrespecWorker:
     def _lookup(self, history: list[int], k: int) -> LookupResult:
         if self.base is None:
             return LookupResult("none", None)
-        C, d = self.base
+        outcome = _outcome(self.base, history)
         self.base = None
-        n = len(C)
-        a = common_prefix(history[n:], d.tokens)
-        br = None
-        if len(history) == n + a + 1 and history[:n] == C:
-            br = self.cache.get(a, history[n + a])
+        br = self.cache.get(*outcome) if outcome is not None else None
         self._found = br
         if br is None:
             self._drop_branches()
@@ -330,7 +350,9 @@ class PrespecWorker:
                 br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
                 self.cache.put(br)
                 branches.append(br)
-            # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds).
+            # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds),
+            # but the likeliest one not when the engine looks up its very outcome.
+            self._growing_first = (group[0].a, group[0].b) if wave == 0 and group else None
             self._abortable = True
             try:
                 if not self._grow(branches, k_next):
@@ -339,6 +361,7 @@ class PrespecWorker:
                 return
             finally:
                 self._abortable = False
+                self._growing_first = None
 
     def _grow(self, branches: list[Branch], depth: int) -> bool:
         """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
