@@ -113,8 +113,9 @@ class RunRecord(BaseModel):
     stop_reason: str
     wall_s: float
     ttft_s: float | None
-    decode_s: float = Field(description="wall time after the first token")
-    tokens_per_s: float = Field(description="decode speed: (tokens - 1) / decode_s")
+    decode_s: float = Field(description="wall time after the first round (Stats.decode_s)")
+    tokens_per_s: float = Field(description="decode speed (Stats.tokens_per_s, metrics.decode_rate): tokens after "
+                                            "the first round / decode_s")
     latencies_ms: list[float] = Field(description="per token: its round's wall time / tokens that round (first round excluded)")
     drafted: int
     accepted: int
@@ -332,19 +333,15 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         finally:
             gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
     assert finish is not None
-    st = finish.stats
-    pre = st.get("prespec") or {}
-    ttft = st.get("ttft_s")
-    decode_s = max(st["wall_s"] - (ttft or 0.0), 0.0)
+    st, pre = finish.stats, finish.stats.prespec
     return RunRecord(
         setting=setting, mode=mode, prompt_id=prompt.id, category=prompt.category, rep=rep, seed=seed,
-        prompt_tokens=st["prompt_tokens"], tokens=st["tokens"], stop_reason=finish.stop_reason, wall_s=st["wall_s"],
-        ttft_s=ttft, decode_s=decode_s, tokens_per_s=st["tokens_per_s"], latencies_ms=latencies,
-        drafted=int(st.get("drafted", 0)),
-        accepted=int(st.get("accepted", 0)), spec_rounds=spec_rounds, rounds=st["rounds"],
-        lookups=int(pre.get("lookups", 0)), hits=int(pre.get("hits", 0)), partial_hits=int(pre.get("partial_hits", 0)),
-        draft_busy_s=st["draft_busy_s"], target_busy_s=st["target_busy_s"], peak_rss_mib=rss.peak / 2**20,
-        modes_run=dict(modes_run), auto=st.get("auto"),
+        prompt_tokens=st.prompt_tokens, tokens=st.tokens, stop_reason=finish.stop_reason, wall_s=st.wall_s,
+        ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
+        drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
+        lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits,
+        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, peak_rss_mib=rss.peak / 2**20,
+        modes_run=dict(modes_run), auto=st.auto.to_dict() if st.auto is not None else None,
         output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])
 
 
@@ -476,8 +473,8 @@ class Bench:
         notes = self.notes + [
             "separate setting: threads=1 per model, no pinning; with one thread llama.cpp computes on the "
             "calling thread, and the OS places the two busy threads on the two cores",
-            "decode tokens/s counts the tokens after the first over the time after the first token; "
-            "speedups are ratios of those within this run",
+            "decode tokens/s counts the tokens after the first round over the time after it (the first round "
+            "carries the prompt); speedups are ratios of those within this run",
         ]
         return BenchResult(
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -221,8 +221,8 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
             stats = engine.complete(tokens=prompt, max_tokens=tokens, mode="ssd", sampling=sampling).stats
             engine.target_ctx.set_threads(threads)
             engine.draft_ctx.set_threads(threads)
-            lookups += stats["prespec"]["lookups"]
-            hits += stats["prespec"]["hits"]
+            lookups += stats.prespec.lookups
+            hits += stats.prespec.hits
     finally:
         engine.configure(k=old_k)
     return prof.Acceptance(alpha=draft.value if draft.successes + draft.failures else 0.5,

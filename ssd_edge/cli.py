@@ -324,7 +324,7 @@ def _generate(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str
         out.write(json.dumps({
             "text": finish.text, "tokens": list(finish.tokens), "prompt_tokens": len(tokens),
             "stop_reason": finish.stop_reason, "message": finish.message, "mode": cfg.mode,
-            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats,
+            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats.to_dict(),
         }, ensure_ascii=False) + "\n")
     else:
         if finish.tail:

@@ -214,7 +214,7 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
                 self.live.observe(item.round, item.n_tokens, item.live)
             elif isinstance(item, Failure):
                 self.reply.note = "error: " + item.message
-                self.live.finish({})
+                self.live.finish(None)
                 self.notify(item.message, title="Generation failed", severity="error", timeout=10)
                 done = True
             else:  # the FinishEvent
