@@ -536,7 +536,7 @@ class BenchArgs:
             modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
 
 
-def csv(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """A comma-separated flag value; ConfigError names the flag and what it allows."""
     items = tuple(x.strip() for x in text.split(",") if x.strip())
     if not items:

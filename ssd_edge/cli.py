@@ -18,8 +18,8 @@ Exit codes (SSDEdgeError.exit_code in errors.py):
                             141 output pipe closed
 
 Settings (settings.py): flags > SSD_EDGE_<NAME> environment variables > config
-file > defaults (bench and calibrate: their flags only). -n, -m, -md, -k, -c,
---temp, --seed mean the same in every command (one table, settings.OPTIONS).
+file > defaults (bench and calibrate: their flags only). A flag means the same
+in every command that takes it (one table, settings.OPTIONS): -n, -m, -md, -k...
 Errors print one line; --debug adds the traceback. Long commands report
 progress on stderr: a bar on a terminal, plain lines in a log.
 """
@@ -47,7 +47,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 from . import catalog, downloads, settings
-from .bench import BENCH_MODES, CATEGORIES, BenchArgs, csv
+from .bench import BENCH_MODES, CATEGORIES, BenchArgs, comma_list
 from .bench import main as run_bench
 from .config import EngineConfig, SpecConfig
 from .errors import ConfigError, SSDEdgeError
@@ -511,9 +511,9 @@ def bench(
         n = _old_name(flags, "n_predict", "--max-tokens", max_tokens)
         args = BenchArgs(
             model=f.get("model"), model_draft=f.get("model_draft"), models_dir=f.get("models_dir"), output=output,
-            modes=csv("--modes", modes, BENCH_MODES),
-            settings=csv("--settings", hardware, ("separate", "shared")),
-            category=csv("--category", category, CATEGORIES) if category is not None else None,
+            modes=comma_list("--modes", modes, BENCH_MODES),
+            settings=comma_list("--settings", hardware, ("separate", "shared")),
+            category=comma_list("--category", category, CATEGORIES) if category is not None else None,
             prompts=prompts, max_tokens=128 if n is None else n, k=f.get("draft_max", SpecConfig().k), reps=reps,
             seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
@@ -527,7 +527,7 @@ def _ints(flag: str, text: str | None) -> list[int]:
     if text is None:
         return []
     try:
-        return [int(x) for x in csv(flag, text)]
+        return [int(x) for x in comma_list(flag, text)]
     except ValueError:
         raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
 
