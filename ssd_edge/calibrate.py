@@ -208,11 +208,11 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
                 if isinstance(ev, FinishEvent):
                     break
                 asked += 1
-                proposed += bool(shadow.ask(history))
+                proposed += bool(shadow.ask(history).tokens)
                 history.extend(ev.tokens)
                 draft.add_round(ev.round.drafted, ev.round.accepted)
                 settled = shadow.settle(history)
-                ngram.add(sum(ok for _, ok in settled), sum(not ok for _, ok in settled))
+                ngram.add(sum(s.matched for s in settled), sum(not s.matched for s in settled))
             # ssd at the concurrent split this device would use: half the cores each
             tick(f"acceptance probe {i + 1}/{len(PROBE)} (ssd)")
             engine.target_ctx.set_threads(max(1, threads // 2))

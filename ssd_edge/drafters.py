@@ -26,6 +26,9 @@ class Draft:
     source: str           # "draft", "ngram", "prespec"
     # the draft model's top candidates at each drafted position (for SSD's outcome ranking)
     cands: tuple["Candidates", ...] | None = None
+    # n-gram drafts: how many history tokens the copied passage matched (the n-gram and its run
+    # further back, up to MATCH_CAP); a long match is a copy that tends to go on
+    match: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -34,7 +37,7 @@ class Draft:
         """The first m tokens (with their candidates)."""
         if m >= len(self.tokens):
             return self
-        return Draft(self.tokens[:m], self.source, None if self.cands is None else self.cands[:m])
+        return Draft(self.tokens[:m], self.source, None if self.cands is None else self.cands[:m], self.match)
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,14 @@ def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> 
 EMPTY = Draft((), "none")
 
 
+MATCH_CAP = 64  # most history tokens an n-gram match is measured back over
+
+
 class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the history's last n
-    tokens (n from ngram_max down to ngram_min) and propose what followed it."""
+    tokens (n from ngram_max down to ngram_min) and propose what followed it. The
+    draft's `match` says how far back the two passages agree (n, or more where the
+    copy runs further back): the planner trusts a long match more."""
 
     name = "ngram"
 
@@ -80,8 +88,20 @@ class NgramDrafter:
                 start = int(hits[-1]) + n
                 cont = h[start:start + k]
                 if len(cont):
-                    return Draft(tuple(int(t) for t in cont), "ngram")
+                    return Draft(tuple(int(t) for t in cont), "ngram", match=_match_length(h, start, n))
         return Draft((), "ngram")
+
+
+def _match_length(h: np.ndarray, start: int, n: int) -> int:
+    """How many tokens before h[start] equal those before the history's end (at least the n of the
+    n-gram that matched, at most MATCH_CAP)."""
+    span = min(MATCH_CAP, start)
+    if span <= n:
+        return n
+    a = h[start - span:start][::-1]   # before the earlier occurrence, nearest first
+    b = h[len(h) - span:][::-1]       # before the end of the history, nearest first
+    differ = np.flatnonzero(a != b)
+    return int(differ[0]) if len(differ) else span
 
 
 def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, saguaro_factor: float = 1.0

@@ -200,7 +200,7 @@ class _Planned(_Plain):
         if d.kind == "plain":
             return Proposal(EMPTY, "none", status)
         if d.kind == "ngram":
-            return Proposal(Draft(ngram[:d.m], "ngram"), "ngram", status)
+            return Proposal(Draft(ngram[:d.m], "ngram", match=self.planner.ngram_match), "ngram", status)
         if d.kind == "prepared":
             done = lookup.finished or d.m <= len(lookup.draft)  # a finished branch verifies min(m, its length)
             draft = lookup.draft.head(d.m) if done else self.worker.extend(history, d.m)

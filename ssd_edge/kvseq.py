@@ -40,12 +40,14 @@ class KVSeq:
             self.ctx.seq_rm(self.seq, n, -1)
             del self.tokens[n:]
 
-    def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None) -> np.ndarray:
+    def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None,
+             chunk: int | None = None) -> np.ndarray:
         """Make the cache hold exactly `full`; return the logit rows of its last `rows` tokens.
 
         The longest prefix already cached is kept (at least `rows` tokens are decoded so
-        their logits exist); the rest is decoded in n_batch chunks, checking `cancelled`
-        between chunks.
+        their logits exist); the rest is decoded in chunks of `chunk` tokens (default
+        n_batch), checking `cancelled` between chunks: Cancelled leaves the cache holding
+        the chunks decoded so far, and `tokens` says so.
         """
         if len(full) > self.ctx.n_ctx:
             raise ContextFullError(f"{len(full)} tokens do not fit in a context of {self.ctx.n_ctx}")
@@ -54,7 +56,7 @@ class KVSeq:
         todo = list(full[keep:])
         out: list[np.ndarray] = []
         pos = keep
-        step = self.ctx.n_batch
+        step = min(chunk or self.ctx.n_batch, self.ctx.n_batch)
         for start in range(0, len(todo), step):
             if cancelled is not None and start and cancelled():
                 raise Cancelled()

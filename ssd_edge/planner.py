@@ -36,11 +36,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from .drafters import NgramDrafter
+from .drafters import Draft, NgramDrafter
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,15 @@ PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (e
 HORIZON = 128        # most tokens over which the draft's catch-up is spread
 HIT_PRIOR = 0.5        # how often a prepared round is verified, until measured
 CONTENTION_PRIOR = 1.2  # target decode time with the worker drafting beside it / alone, until measured
+# n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
+# 32 and more, and each class's acceptance prior, until measured
+MATCH_CLASSES = (4, 8, 16, 32)
+MATCH_PRIORS = (0.35, 0.5, 0.65, 0.8, 0.9)
+
+
+def match_class(match: int) -> int:
+    """The class of an n-gram match of `match` tokens (an index into MATCH_PRIORS)."""
+    return sum(match >= edge for edge in MATCH_CLASSES)
 
 
 class Rate:
@@ -176,9 +185,12 @@ class Planner:
         self.draft_cost = Costs(draft_curve, draft_ms or (draft_curve[0] if draft_curve else 0.4 * step), 0.27)
         # Each prior counts as one trial: the first real trials outweigh it at once.
         self.draft_alpha = [Rate(draft_prior, weight=1.0) for _ in range(k)]  # P(accept position i | reached it)
-        # P(accept position i | reached it), per position: a long exact copy (an edit that quotes its
-        # source) is likelier to go on the further it has matched.
-        self.ngram_alpha = [Rate(0.5, weight=1.0) for _ in range(k)]
+        # P(accept position i | reached it), per position and per class of match length (how far
+        # back the copied passage agrees with the history's end: drafters.NgramDrafter): a long
+        # exact copy (an edit that quotes its source) is likelier to go on, the further it has
+        # matched, than a two-token coincidence.
+        self.ngram_alpha = [[Rate(prior, weight=1.0) for _ in range(k)] for prior in MATCH_PRIORS]
+        self.ngram_match = 0  # the match length of this round's n-gram proposal
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
         self.rounds_since_draft = 0
@@ -198,7 +210,7 @@ class Planner:
     # ------------------------------------------------------------ estimates
     def alpha(self, kind: Kind, i: int) -> float:
         if kind == "ngram":
-            return self.ngram_alpha[min(i, self.k - 1)].value
+            return self.ngram_alpha[match_class(self.ngram_match)][min(i, self.k - 1)].value
         measured = self.draft_alpha[min(i, self.k - 1)]
         proxy = min(1.0, self.calibration.value * self.confidence.value)
         if measured.n == 0:  # the draft has not run yet: the target's confidence is all there is
@@ -300,8 +312,9 @@ class Planner:
         else:
             self.rounds_since_draft += 1
         if kind == "ngram" and drafted and self.shadow is None:
+            rates = self.ngram_alpha[match_class(self.ngram_match)]
             for i in range(min(drafted, accepted + 1, self.k)):
-                self.ngram_alpha[i].add(1.0 if i < accepted else 0.0)
+                rates[i].add(1.0 if i < accepted else 0.0)
         for p in committed_top1:
             self.confidence.add(p)
 
@@ -319,12 +332,16 @@ class Planner:
     def observe_history(self, history: Sequence[int]) -> None:
         """The committed history after a round: scores the n-gram lookup's standing proposals."""
         if self.shadow is not None:
-            for i, matched in self.shadow.settle(history):
-                self.ngram_alpha[min(i, self.k - 1)].add(1.0 if matched else 0.0)
+            for s in self.shadow.settle(history):
+                self.ngram_alpha[match_class(s.match)][min(s.position, self.k - 1)].add(1.0 if s.matched else 0.0)
 
     def ask_ngram(self, history: Sequence[int]) -> tuple[int, ...]:
         """The n-gram lookup's proposal for this round (remembered, to be scored as tokens commit)."""
-        return self.shadow.ask(history) if self.shadow is not None else ()
+        if self.shadow is None:
+            return ()
+        draft = self.shadow.ask(history)
+        self.ngram_match = draft.match
+        return draft.tokens
 
     def observe_draft(self, unread: int, feed_ms: float, steps: int, steps_ms: float) -> None:
         """A just-in-time draft: reading `unread` + 1 tokens took feed_ms, then `steps` single steps."""
@@ -336,13 +353,23 @@ class Planner:
         return {"decisions": dict(self.decisions),
                 "draft_alpha": [round(self.alpha("draft", i), 3) for i in range(self.k)],  # as the planner sees it
                 "draft_alpha_measured": [round(r.value, 3) if r.n else None for r in self.draft_alpha],
-                "ngram_alpha": [round(self.alpha("ngram", i), 3) for i in range(self.k)],
+                "ngram_alpha": [round(self.alpha("ngram", i), 3) for i in range(self.k)],  # this round's class
+                "ngram_alpha_by_match": {f">={([0] + list(MATCH_CLASSES))[c]}": [round(r.value, 3) for r in rates]
+                                         for c, rates in enumerate(self.ngram_alpha)},
                 "step_ms": round(self.step_ms(), 2),
                 "verify_ms": {n: round(self.target.ms(n), 2) for n in range(1, self.k + 2)},
                 "draft_step_ms": round(self.draft_cost.ms(1), 2),
                 "contention": round(self.contention.value, 3),
                 "prepared_hit_rate": round(self.hit_rate(), 3),
                 "rounds": [list(x) for x in self.log]}
+
+
+class Settled(NamedTuple):
+    """One proposed n-gram token decided by the committed history."""
+
+    position: int   # in its proposal (0: the first drafted token)
+    matched: bool   # the target committed it
+    match: int      # the proposal's match length (drafters.NgramDrafter)
 
 
 class NgramShadow:
@@ -352,28 +379,28 @@ class NgramShadow:
     def __init__(self, drafter: NgramDrafter, k: int) -> None:
         self.drafter = drafter
         self.k = k
-        self.pending: list[tuple[int, tuple[int, ...], int]] = []  # (history length when asked, proposal, decided)
+        self.pending: list[tuple[int, Draft, int]] = []  # (history length when asked, proposal, decided)
 
-    def ask(self, history: Sequence[int]) -> tuple[int, ...]:
-        prop = self.drafter.propose(history, self.k).tokens
-        if prop and not any(start == len(history) for start, _, _ in self.pending):
+    def ask(self, history: Sequence[int]) -> Draft:
+        prop = self.drafter.propose(history, self.k)
+        if prop.tokens and not any(start == len(history) for start, _, _ in self.pending):
             self.pending.append((len(history), prop, 0))
         return prop
 
-    def settle(self, history: Sequence[int]) -> list[tuple[int, bool]]:
-        """The proposed tokens decided since the last call: (position in its proposal, matched), in
-        order. A proposal's tokens after its first mismatch are never reached, so not scored."""
-        out: list[tuple[int, bool]] = []
+    def settle(self, history: Sequence[int]) -> list[Settled]:
+        """The proposed tokens decided since the last call, in order. A proposal's tokens after its
+        first mismatch are never reached, so not scored."""
+        out: list[Settled] = []
         keep = []
         for start, prop, seen in self.pending:
             known = min(len(history) - start, len(prop))
             ended = False
             while seen < known:
-                if history[start + seen] != prop[seen]:
-                    out.append((seen, False))
+                if history[start + seen] != prop.tokens[seen]:
+                    out.append(Settled(seen, False, prop.match))
                     ended = True
                     break
-                out.append((seen, True))
+                out.append(Settled(seen, True, prop.match))
                 seen += 1
             if not ended and seen < len(prop):
                 keep.append((start, prop, seen))

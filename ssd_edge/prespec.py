@@ -17,9 +17,13 @@ When the outcome arrives, the SpeculationCache answers in O(1):
     miss    : no branch -> all branches dropped; the engine drafts just in time or
               uses the backup speculator.
 Branches are grown best-first: the likeliest outcome alone (so it is ready
-soonest), then the others together in one batch per depth step. The worker
-checks its inbox between decodes, so a verification result is served within
-one draft decode. Branches never hold more than `budget_cells` KV cells.
+soonest), then the others together in one batch per depth step. When the
+engine asks (the verification has ended, the target is idle), a branch decode
+in flight is aborted (llama.cpp's abort callback): waiting for it would only
+delay the target, and what the branches hold so far is still served (a partial
+hit). Reading history the draft has not seen yet (the prompt, rounds it sat
+out) is progress kept for later rounds, so that is never aborted. Branches
+never hold more than `budget_cells` KV cells.
 
 Losslessness does not depend on any of this: a prepared draft is only a
 proposal, verified against the target like any other (verify.py).
@@ -38,9 +42,12 @@ import numpy as np
 from .config import PrespecConfig
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
 from .interface import Aborted
-from .kvseq import KVSeq, common_prefix
+from .kvseq import Cancelled, KVSeq, common_prefix
 from .metrics import Meter
 from .policy import PrespecPolicy
+
+
+READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
 
 
 class Outcome(NamedTuple):
@@ -148,7 +155,7 @@ class PrespecWorker:
         self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
         self.max_cells_seen = 0
         self.error: BaseException | None = None
-        self._abortable = False  # True while growing low-priority branches
+        self._abortable = False  # True while growing branches (a decode the engine may abort)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
@@ -166,7 +173,7 @@ class PrespecWorker:
         return self._call("extend", history, k)
 
     def _preempt(self) -> None:
-        """Stop a low-priority branch decode in flight: the engine is waiting."""
+        """Stop a branch decode in flight: the engine is waiting."""
         if self._abortable:
             self.ctx.abort.set()
 
@@ -280,18 +287,32 @@ class PrespecWorker:
         finally:
             self._busy(t0)
 
+    def _read(self, full: list[int], rows: int) -> np.ndarray | None:
+        """Make the main sequence hold `full` and return its last `rows` logit rows, reading in
+        chunks of READ_CHUNK tokens; None if the engine asked for the worker in between (what was
+        read is kept: the next round reads on from there). A catch-up read (the prompt, rounds the
+        draft sat out) can outlast the target's verify, above all where the target already holds
+        the prompt in its cache and the draft does not."""
+        try:
+            return self.drafter.kv.feed(full, rows, self._stop_reading, chunk=READ_CHUNK)
+        except Cancelled:
+            if self.cancelled is not None and self.cancelled():
+                raise  # the generation was cancelled: the engine ends it
+            return None
+
+    def _stop_reading(self) -> bool:
+        return self._interrupted() or (self.cancelled is not None and self.cancelled())
+
     def _prepare(self, history: list[int], draft: Draft, k_next: int) -> None:
         k = len(draft)
         temp = self.drafter.cand_temperature()
         cands = list(draft.cands or ())
-        if len(cands) < k:  # not drafted by the model here (n-gram backup): decode it all
-            rows = self.drafter.kv.feed(history + list(draft.tokens), k + 1, self.cancelled)
-            cands = [top_candidates(r, temp) for r in rows]
-        else:  # only the last draft token is new: its row gives the bonus candidates
-            row = self.drafter.kv.feed(history + list(draft.tokens), 1, self.cancelled)[0]
-            cands = cands[:k] + [top_candidates(row, temp)]
-        if self._interrupted():
+        new = len(cands) < k  # not drafted by the model here (n-gram backup): its rows give the candidates
+        rows = self._read(history + list(draft.tokens), k + 1 if new else 1)
+        if rows is None or self._interrupted():
             return
+        # only the last draft token is new to a model draft: its row gives the bonus candidates
+        cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
         plan = rank_outcomes(draft.tokens, cands, self.policy.outcome_probs(k), fanout=self.policy.fanout,
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
                              cells_per_branch=k_next)
@@ -309,8 +330,8 @@ class PrespecWorker:
                 br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
                 self.cache.put(br)
                 branches.append(br)
-            # The likeliest branch runs to the end; the others may be preempted mid-decode.
-            self._abortable = wave > 0
+            # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds).
+            self._abortable = True
             try:
                 if not self._grow(branches, k_next):
                     return

@@ -186,12 +186,13 @@ def test_ar_is_kept_unless_speculation_is_expected_to_win_by_the_margin():
 def test_ngram_shadow_scores_each_proposed_token_as_it_is_decided():
     shadow = NgramShadow(NgramDrafter(1, 3), k=3)
     history = [1, 2, 3, 4, 9, 1, 2]          # "1 2" seen before, followed by 3 4 9
-    assert shadow.ask(history) == (3, 4, 9)
-    # (position in the proposal, matched)
-    assert shadow.settle(history + [3]) == [(0, True)]                      # 4 and 9 undecided
-    assert shadow.settle(history + [3, 4, 5]) == [(1, True), (2, False)]    # 4 matched, 9 did not
-    assert shadow.settle(history + [3, 4, 5, 6]) == []                      # nothing pending
-    assert shadow.ask([5, 6, 7]) == ()        # nothing to look up
+    prop = shadow.ask(history)
+    assert prop.tokens == (3, 4, 9) and prop.match == 2  # the passages agree over "1 2" only
+    # (position in the proposal, matched, the proposal's match length)
+    assert shadow.settle(history + [3]) == [(0, True, 2)]                         # 4 and 9 undecided
+    assert shadow.settle(history + [3, 4, 5]) == [(1, True, 2), (2, False, 2)]    # 4 matched, 9 did not
+    assert shadow.settle(history + [3, 4, 5, 6]) == []                            # nothing pending
+    assert shadow.ask([5, 6, 7]).tokens == ()        # nothing to look up
 
 
 def test_geometric_estimate_counts_trials_and_blends_the_prior():

@@ -40,6 +40,24 @@ def test_ngram_min_is_respected():
     assert NgramDrafter(2, 3).propose(h, 2).tokens == ()
 
 
+def test_ngram_match_length_runs_back_past_the_ngram():
+    # the 2-gram [7, 8] matches; the passages before it agree over 5 tokens (3 4 5 7 8), not 6 (1 vs 2)
+    quoted = [3, 4, 5, 7, 8]
+    h = [1] + quoted + [6, 6, 2] + quoted
+    d = NgramDrafter(2, 2).propose(h, 3)
+    assert d.tokens == (6, 6, 2) and d.match == 5
+    assert d.head(2).match == 5
+    # a coincidence: only the 2-gram itself agrees
+    assert NgramDrafter(2, 2).propose([1, 7, 8, 6, 2, 7, 8], 2).match == 2
+
+
+def test_ngram_match_length_is_capped():
+    from ssd_edge.drafters import MATCH_CAP
+    h = list(range(100)) + [500] + list(range(100))  # a 100-token copy, then the history ends mid-copy
+    d = NgramDrafter(2, 4).propose(h, 3)
+    assert d.tokens == (500, 0, 1) and d.match == MATCH_CAP
+
+
 def test_ngram_k_and_short_continuations():
     h = [1, 2, 3, 1, 2]
     assert NgramDrafter(1, 4).propose(h, 1).tokens == (3,)

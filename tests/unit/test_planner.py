@@ -114,8 +114,9 @@ def test_ngram_acceptance_is_learnt_per_position():
     history = [1, 2] + copy
     last = copy
     for r in range(32):
-        history += [7, 1, 2]
+        history += [100 + r, 1, 2]  # a new token before each [1, 2]: every match is 2 tokens long
         assert p.ask_ngram(history) == tuple(last)  # what followed [1, 2] the last time
+        assert p.ngram_match == 2
         # the answer repeats its last continuation every other round: the proposal then matches
         # whole, else it fails at its first token
         last = [copy, copy, other, other][r % 4]
@@ -125,6 +126,44 @@ def test_ngram_acceptance_is_learnt_per_position():
     assert first == pytest.approx(0.5, abs=0.1)
     assert second > 0.9 and third > 0.9
     assert p.gain("ngram", 3) == pytest.approx(1 + first + first * second + first * second * third)
+
+
+def test_ngram_acceptance_is_learnt_per_match_length():
+    """Short matches that are coincidences and long ones that are copies: the planner learns the two
+    classes apart, so it verifies a long copy's proposal and takes a plain step for a coincidence
+    (one acceptance for all would do the wrong thing for one of them)."""
+    from ssd_edge.planner import match_class
+
+    p = planner(ngram=NgramDrafter(2, 4))
+    short, long = match_class(2), match_class(40)
+    assert short != long
+    for _ in range(30):
+        for i in range(3):  # a long copy goes on: every position accepted
+            p.ngram_alpha[long][i].add(1.0)
+        p.ngram_alpha[short][0].add(0.0)  # a coincidence fails at once
+    p.ngram_match = 40
+    assert p.alpha("ngram", 0) > 0.9
+    assert p.plan(Offer(3, ngram=3)).kind == "ngram"
+    p.ngram_match = 2
+    assert p.alpha("ngram", 0) < 0.1
+    assert p.plan(Offer(3, ngram=3)).kind == "plain"
+
+
+def test_the_shadow_scores_each_match_class_apart():
+    """Through ask/observe_history: a quoted passage (long matches) scores its own class."""
+    from ssd_edge.planner import match_class
+
+    p = planner(ngram=NgramDrafter(2, 4))
+    quoted = list(range(10, 40))
+    history = [1, 2] + quoted + [3] + quoted[:10]
+    for n in range(10, 25):  # the answer goes on quoting
+        prop = p.ask_ngram(history)
+        assert prop and p.ngram_match >= 10
+        history.append(quoted[n])
+        p.observe_history(history)
+    long = p.ngram_alpha[match_class(p.ngram_match)]
+    assert long[0].n > 5 and long[0].value > 0.9
+    assert all(r.n == 0 for r in p.ngram_alpha[match_class(2)])  # nothing was learnt for short matches
 
 
 def test_a_prepared_branch_beats_drafting_now():
@@ -181,9 +220,10 @@ def test_report_names_every_estimate():
 
 def test_draft_min_is_never_planned_below():
     p = planner(k_min=2)
-    for _ in range(10):  # a perfect n-gram record
-        for r in p.ngram_alpha:
-            r.add(1.0)
+    for _ in range(10):  # a perfect n-gram record, whatever the match length
+        for rates in p.ngram_alpha:
+            for r in rates:
+                r.add(1.0)
     assert p.plan(Offer(3, ngram=1)).kind == "plain"  # one n-gram token is below --draft-min 2
     d = p.plan(Offer(3, ngram=3))
     assert d.kind == "ngram" and d.m >= 2
