@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import EngineConfig, ModelConfig, PrespecConfig, SamplingConfig, SpecConfig
 from .errors import SSDEdgeError
-from .events import FinishEvent, LiveStats, Round, TokenEvent
+from .events import AutoStats, FinishEvent, LiveStats, PrespecStats, Round, Stats, TokenEvent
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import Completion, Engine
 
 __all__ = ["Engine", "Completion", "EngineConfig", "ModelConfig", "SamplingConfig", "SpecConfig", "PrespecConfig",
-           "TokenEvent", "FinishEvent", "Round", "LiveStats", "SSDEdgeError", "__version__"]
+           "TokenEvent", "FinishEvent", "Round", "LiveStats", "Stats", "PrespecStats", "AutoStats", "SSDEdgeError",
+           "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,7 @@ the style of llama-bench) and bench.png (bench_report.py) into --output.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -55,7 +56,7 @@ class BenchPrompt(BaseModel):
     id: str
     category: Literal["code", "code-edit", "prose", "chat", "translation"]
     messages: list[dict[str, str]]
-    max_tokens: int | None = Field(default=None, ge=1, description="overrides --max-tokens for this prompt")
+    max_tokens: int | None = Field(default=None, ge=1, description="overrides -n/--n-predict for this prompt")
 
 
 class Setting(BaseModel):
@@ -113,8 +114,9 @@ class RunRecord(BaseModel):
     stop_reason: str
     wall_s: float
     ttft_s: float | None
-    decode_s: float = Field(description="wall time after the first token")
-    tokens_per_s: float = Field(description="decode speed: (tokens - 1) / decode_s")
+    decode_s: float = Field(description="wall time after the first round (Stats.decode_s)")
+    tokens_per_s: float = Field(description="decode speed (Stats.tokens_per_s, metrics.decode_rate): tokens after "
+                                            "the first round / decode_s")
     latencies_ms: list[float] = Field(description="per token: its round's wall time / tokens that round (first round excluded)")
     drafted: int
     accepted: int
@@ -332,19 +334,15 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         finally:
             gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
     assert finish is not None
-    st = finish.stats
-    pre = st.get("prespec") or {}
-    ttft = st.get("ttft_s")
-    decode_s = max(st["wall_s"] - (ttft or 0.0), 0.0)
+    st, pre = finish.stats, finish.stats.prespec
     return RunRecord(
         setting=setting, mode=mode, prompt_id=prompt.id, category=prompt.category, rep=rep, seed=seed,
-        prompt_tokens=st["prompt_tokens"], tokens=st["tokens"], stop_reason=finish.stop_reason, wall_s=st["wall_s"],
-        ttft_s=ttft, decode_s=decode_s, tokens_per_s=st["tokens_per_s"], latencies_ms=latencies,
-        drafted=int(st.get("drafted", 0)),
-        accepted=int(st.get("accepted", 0)), spec_rounds=spec_rounds, rounds=st["rounds"],
-        lookups=int(pre.get("lookups", 0)), hits=int(pre.get("hits", 0)), partial_hits=int(pre.get("partial_hits", 0)),
-        draft_busy_s=st["draft_busy_s"], target_busy_s=st["target_busy_s"], peak_rss_mib=rss.peak / 2**20,
-        modes_run=dict(modes_run), auto=st.get("auto"),
+        prompt_tokens=st.prompt_tokens, tokens=st.tokens, stop_reason=finish.stop_reason, wall_s=st.wall_s,
+        ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
+        drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
+        lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits,
+        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, peak_rss_mib=rss.peak / 2**20,
+        modes_run=dict(modes_run), auto=st.auto.to_dict() if st.auto is not None else None,
         output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])
 
 
@@ -356,7 +354,7 @@ Tick = Callable[[str], None]  # called before each unit of work with a descripti
 class Bench:
     """Runs the plan; `records` and `peer` fill as it goes (so an interrupted run still has its data)."""
 
-    def __init__(self, args: argparse.Namespace, target: Path, draft: Path) -> None:
+    def __init__(self, args: BenchArgs, target: Path, draft: Path) -> None:
         from . import bench_peer
         from .profile import device_info
 
@@ -476,8 +474,8 @@ class Bench:
         notes = self.notes + [
             "separate setting: threads=1 per model, no pinning; with one thread llama.cpp computes on the "
             "calling thread, and the OS places the two busy threads on the two cores",
-            "decode tokens/s counts the tokens after the first over the time after the first token; "
-            "speedups are ratios of those within this run",
+            "decode tokens/s counts the tokens after the first round over the time after it (the first round "
+            "carries the prompt); speedups are ratios of those within this run",
         ]
         return BenchResult(
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -490,140 +488,114 @@ class Bench:
             goals=bench_report.goals(summary, a.modes), notes=notes)
 
 
-# ---------------------------------------------------------------- CLI
+# ---------------------------------------------------------------- what was asked
 
-def _csv(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None) -> Callable[[str], list]:
-    def parse(text: str) -> list:
-        items = [kind(x.strip()) for x in text.split(",") if x.strip()]
-        if allowed is not None:
-            bad = [x for x in items if x not in allowed]
-            if bad:
-                raise argparse.ArgumentTypeError(f"unknown: {', '.join(bad)} (choose from {', '.join(allowed)})")
-        if not items:
-            raise argparse.ArgumentTypeError("empty list")
-        return items
-    return parse
+@dataclass(frozen=True)
+class BenchArgs:
+    """What `ssd-edge bench` was asked (cli.py builds it from the flags; the defaults are the flags')."""
 
+    model: str | None = None                     # -m; None: the catalog's default target
+    model_draft: str | None = None               # -md; None: the default draft
+    models_dir: str | None = None
+    output: str = "bench-out"
+    modes: tuple[str, ...] = BENCH_MODES
+    settings: tuple[str, ...] = ("separate", "shared")
+    category: tuple[str, ...] | None = None
+    prompts: str | None = None                   # a JSONL prompt file; None: the shipped suite
+    max_tokens: int = 128                        # -n/--n-predict: tokens per generation
+    k: int = SpecConfig().k                      # -k/--draft-max
+    reps: int = 1
+    seed: int = 0
+    temp: float = 0.0
+    ctx_size: int = 2048
+    quick: bool = False
+    llama_tools: str | None = None
+    peer_k: tuple[int, ...] = ()
+    no_peer: bool = False
+    no_calibrate: bool = False
+    recalibrate: bool = False
+    no_plot: bool = False
+    verbose: bool = False
+    argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="ssd-edge bench",
-        description="Benchmark ar, sd, lookup, ssd and auto on the shipped prompt suite (code, code-edit, prose, "
-                    "chat, translation) in two hardware settings: 'separate' (target and draft one core each) and "
-                    "'shared' (both models on all cores). Greedy and seeded; modes interleaved after a warm-up. "
-                    "Writes bench.json, bench.md and bench.png. llama.cpp's own speculative decoding runs beside "
-                    "them when llama-speculative-simple is found (scripts/build_llama_tools.sh).")
-    ap.add_argument("-m", "--model", default=None, help="target: catalog name or .gguf path (default: catalog default)")
-    ap.add_argument("-md", "--model-draft", default=None, help="draft: catalog name or .gguf path (default: catalog default)")
-    ap.add_argument("--models-dir", default=None, help="folder of model files (default: the user cache)")
-    ap.add_argument("-o", "--output", default="bench-out", help="folder for bench.json, bench.md, bench.png (default: bench-out)")
-    ap.add_argument("--modes", type=_csv(str, BENCH_MODES), default=list(BENCH_MODES),
-                    help="comma-separated modes (default: ar,sd,lookup,ssd,auto); ar is the speedup baseline")
-    ap.add_argument("--settings", type=_csv(str, ("separate", "shared")), default=["separate", "shared"],
-                    help="hardware settings to run (default: separate,shared)")
-    ap.add_argument("--category", type=_csv(str, CATEGORIES), default=None, help="only these prompt categories")
-    ap.add_argument("--prompts", default=None, help="a JSONL prompt file instead of the shipped suite")
-    ap.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per generation (default 128)")
-    ap.add_argument("-k", "--draft-max", dest="k", type=int, default=SpecConfig().k,
-                    help=f"draft length k, the most tokens a round drafts, in every mode (default {SpecConfig().k}); "
-                         "auto plans 0..k each round")
-    ap.add_argument("--reps", type=int, default=1, help="passes over the prompt suite (default 1)")
-    ap.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i in every mode (default 0)")
-    ap.add_argument("--temp", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
-    ap.add_argument("-c", "--ctx-size", type=int, default=2048, help="context size (default 2048)")
-    ap.add_argument("--quick", action="store_true",
-                    help="one short prompt per category, 24 tokens, no --peer-k sweep: about a minute on the small "
-                         "test pair, several minutes on the default pair")
-    ap.add_argument("--llama-tools", default=None,
-                    help="folder holding llama-speculative-simple (default: ~/.cache/ssd-edge/llama-tools/bin, PATH)")
-    ap.add_argument("--peer-k", type=_csv(int), default=None,
-                    help="more draft lengths for the llama.cpp peer, comma-separated, run on the code prompts only "
-                         "(to find its best k there); it always runs at -k on every prompt")
-    ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp's speculative decoding")
-    ap.add_argument("--no-calibrate", action="store_true",
-                    help="never calibrate; without a saved profile auto's planner prices verifies from what each "
-                         "generation times")
-    ap.add_argument("--recalibrate", action="store_true", help="calibrate again before the run even if a profile exists")
-    ap.add_argument("--no-plot", action="store_true", help="skip bench.png")
-    ap.add_argument("-v", "--verbose", action="store_true", help="let llama.cpp print its logs")
-    return ap
+    def checked(self) -> BenchArgs:
+        """Validated, with --quick's caps applied and ar (the baseline of every speedup) among the modes."""
+        if self.max_tokens < 1:
+            raise ConfigError("-n/--n-predict must be at least 1")
+        if not 1 <= self.k <= 32:
+            raise ConfigError("-k/--draft-max must be between 1 and 32")
+        if self.reps < 1:
+            raise ConfigError("--reps must be at least 1")
+        if self.temp < 0:
+            raise ConfigError("--temp must be >= 0")
+        if any(not 1 <= k <= 32 for k in self.peer_k):
+            raise ConfigError("--peer-k values must be between 1 and 32")
+        return dataclasses.replace(
+            self, max_tokens=min(self.max_tokens, 24) if self.quick else self.max_tokens,
+            peer_k=() if self.quick else self.peer_k,
+            modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
 
 
-def _check(args: argparse.Namespace) -> None:
-    if args.max_tokens < 1:
-        raise ConfigError("--max-tokens must be at least 1")
-    if not 1 <= args.k <= 32:
-        raise ConfigError("--draft-max must be between 1 and 32")
-    if args.reps < 1:
-        raise ConfigError("--reps must be at least 1")
-    if args.temp < 0:
-        raise ConfigError("--temp must be >= 0")
-    if args.quick:
-        args.max_tokens = min(args.max_tokens, 24)
-    if args.peer_k is None or args.quick:
-        args.peer_k = []
-    if any(not 1 <= k <= 32 for k in args.peer_k):
-        raise ConfigError("--peer-k values must be between 1 and 32")
-    if "ar" not in args.modes:
-        args.modes = ["ar", *args.modes]  # the baseline of every speedup
+def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """A comma-separated flag value; ConfigError names the flag and what it allows."""
+    items = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not items:
+        raise ConfigError(f"{flag}: empty list")
+    bad = [x for x in items if allowed is not None and x not in allowed]
+    if bad:
+        raise ConfigError(f"{flag}: unknown {', '.join(bad)} (choose from {', '.join(allowed or ())})")
+    return items
 
 
-def cli_main(argv: list[str]) -> int:
+def main(args: BenchArgs) -> int:
+    """Run the benchmark, write its files, print the brief report; 130 if Ctrl-C cut it short."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
 
     from . import bench_report
-    from .calibrate import _default_pair
+    from .calibrate import default_pair
     from .catalog import resolve_model
+    from .profile import device_info
+    from .progress import Progress
 
-    args = parser().parse_args(argv)
-    args.argv = list(argv)
-    console = Console(stderr=True)
+    args = args.checked()
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    target_name, draft_name = default_pair(args.model, args.model_draft, args.models_dir)
+    target = resolve_model(target_name, args.models_dir)
+    draft = resolve_model(draft_name, args.models_dir)
+    out = Path(args.output).expanduser()
     try:
-        _check(args)
-        target_name, draft_name = _default_pair(args)
-        target = resolve_model(target_name, args.models_dir)
-        draft = resolve_model(draft_name, args.models_dir)
-        out = Path(args.output).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot create the output folder {out}: {e.strerror}") from None
+    bench = Bench(args, target, draft)
+    machine = machine_info(device_info().cores)
+    if machine.load_avg_start[0] > 0.5 * machine.cores:
+        console.print(f"[yellow]note:[/] load average {machine.load_avg_start[0]:.2f} on {machine.cores} cores: "
+                      "other work is running; numbers will be noisy")
+    if bench.peer_bin is None and not args.no_peer:
+        console.print("[yellow]note:[/] llama-speculative-simple not found; the llama.cpp column is 'not "
+                      "available' (build it with scripts/build_llama_tools.sh)")
+    interrupted = False
+    with Progress(console) as progress:
+        task = progress.task("loading", total=bench.units())
+        cal = progress.task("calibrating", visible=False)
+
+        def tick(what: str) -> None:
+            if what:
+                task.begin(what)
+            else:
+                task.done()
+
+        def calibrating(what: str, frac: float) -> None:
+            cal.at(f"calibrating: {what}", frac, visible=frac < 1.0)
+
         try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot create the output folder {out}: {e.strerror}") from None
-        bench = Bench(args, target, draft)
-        from .profile import device_info
-        machine = machine_info(device_info().cores)
-        if machine.load_avg_start[0] > 0.5 * machine.cores:
-            console.print(f"[yellow]note:[/] load average {machine.load_avg_start[0]:.2f} on {machine.cores} cores: "
-                          "other work is running; numbers will be noisy")
-        if bench.peer_bin is None and not args.no_peer:
-            console.print("[yellow]note:[/] llama-speculative-simple not found; the llama.cpp column is 'not "
-                          "available' (build it with scripts/build_llama_tools.sh)")
-        interrupted = False
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=console, transient=True) as bar:
-            task = bar.add_task("loading", total=bench.units())
-            cal = bar.add_task("calibrating", total=1.0, visible=False)
-
-            def tick(what: str) -> None:
-                if what:
-                    bar.update(task, description=what)
-                else:
-                    bar.advance(task)
-
-            def calibrating(what: str, frac: float) -> None:
-                bar.update(cal, visible=frac < 1.0, description=f"calibrating: {what}", completed=frac)
-
-            try:
-                bench.run(tick, calibrating)
-            except KeyboardInterrupt:
-                interrupted = True
-        result = bench.result(machine, interrupted)
-        paths = bench_report.write(result, out, plot=not args.no_plot)
-        sys.stdout.write(bench_report.markdown(result, brief=True))  # plain: tables must not be re-wrapped
-        console.print(("[yellow]interrupted:[/] partial results in " if interrupted else "wrote ") +
-                      ", ".join(str(p) for p in paths))
-        return 130 if interrupted else 0
-    except SSDEdgeError as e:
-        console.print(f"[red]error:[/] {e}")
-        return e.exit_code
+            bench.run(tick, calibrating)
+        except KeyboardInterrupt:
+            interrupted = True
+    result = bench.result(machine, interrupted)
+    paths = bench_report.write(result, out, plot=not args.no_plot)
+    sys.stdout.write(bench_report.markdown(result, brief=True))  # plain: tables must not be re-wrapped
+    console.print(("[yellow]interrupted:[/] partial results in " if interrupted else "wrote ") +
+                  ", ".join(str(p) for p in paths))
+    return 130 if interrupted else 0

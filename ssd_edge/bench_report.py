@@ -2,9 +2,10 @@
 category), the goals checked against them, a markdown report in the style of
 llama-bench, and a plot (speedup per category, pre-speculation hit rate).
 
-Aggregates are ratios of sums, not means of ratios: decode tokens/s is
-sum(tokens - 1) / sum(time after the first token) over a group's runs, and
-every speedup divides two such numbers measured in the same run.
+Aggregates are ratios of sums, not means of ratios: decode tokens/s is a
+group's decode tokens over its decode time, each run's counted as the meter
+counts them (metrics.decode_rate: the tokens after the first round over the time
+after it), and every speedup divides two such numbers measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _ratio(num: float, den: float) -> float | None:
 
 def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: int | None) -> SummaryRow:
     tokens = sum(r.tokens for r in runs)
-    decode_tokens = sum(max(r.tokens - 1, 0) for r in runs)
+    decode_tokens = sum(r.tokens_per_s * r.decode_s for r in runs)  # the meter's: rate x its time
     decode_s = sum(r.decode_s for r in runs)
     lat = [x for r in runs for x in r.latencies_ms]
     ttfts = [r.ttft_s for r in runs if r.ttft_s is not None]

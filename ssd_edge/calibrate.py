@@ -16,7 +16,6 @@ The profile goes to the user cache (ssd_edge.paths.profiles_dir()), one file per
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
 import os
@@ -221,8 +220,8 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
             stats = engine.complete(tokens=prompt, max_tokens=tokens, mode="ssd", sampling=sampling).stats
             engine.target_ctx.set_threads(threads)
             engine.draft_ctx.set_threads(threads)
-            lookups += stats["prespec"]["lookups"]
-            hits += stats["prespec"]["hits"]
+            lookups += stats.prespec.lookups
+            hits += stats.prespec.hits
     finally:
         engine.configure(k=old_k)
     return prof.Acceptance(alpha=draft.value if draft.successes + draft.failures else 0.5,
@@ -270,36 +269,16 @@ def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> pro
 
 # ---------------------------------------------------------------- CLI
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="ssd-edge calibrate",
-        description="Measure this device for a (target, draft) pair: step costs per thread count, the slowdown "
-                    "of running both models at once, and acceptance on a short probe. Saves a profile that "
-                    "mode 'auto' uses to pick mode, draft length k, thread split and pre-speculation window.")
-    ap.add_argument("-m", "--model", default=None, help="target model: catalog name or .gguf path "
-                                                        "(default: the catalog's default target)")
-    ap.add_argument("-md", "--model-draft", default=None, help="draft model: catalog name or .gguf path "
-                                                                "(default: the catalog's default draft)")
-    ap.add_argument("--models-dir", default=None, help="folder of model files (default: the user cache)")
-    ap.add_argument("--k-max", type=int, default=8, help="longest draft length to measure (default 8)")
-    ap.add_argument("--reps", type=int, default=3, help="timed runs per measurement; the median is kept (default 3)")
-    ap.add_argument("--probe-tokens", type=int, default=48, help="tokens per acceptance probe generation (default 48)")
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions and a shorter probe (about half the time)")
-    ap.add_argument("--show", action="store_true", help="print the saved profile and what auto picks; measure nothing")
-    ap.add_argument("--json", action="store_true", help="print the profile as JSON")
-    ap.add_argument("-v", "--verbose", action="store_true", help="let llama.cpp print its logs")
-    return ap
-
-
-def _default_pair(args: argparse.Namespace) -> tuple[str, str]:
+def default_pair(model: str | None, model_draft: str | None, models_dir: str | None) -> tuple[str, str]:
+    """The pair to measure: the flags', else the catalog's default target and default draft (its q4_0
+    variant once derived)."""
     from .catalog import load_catalog
 
-    if args.model and args.model_draft:
-        return args.model, args.model_draft
+    if model and model_draft:
+        return model, model_draft
     from .derive import default_draft
 
-    cat = load_catalog()
-    return args.model or cat.default_target, args.model_draft or default_draft(getattr(args, "models_dir", None))
+    return model or load_catalog().default_target, model_draft or default_draft(models_dir)
 
 
 def _print(p: prof.Profile, path, console) -> None:
@@ -344,50 +323,54 @@ def _print(p: prof.Profile, path, console) -> None:
     console.print(t)
 
 
-def cli_main(argv: list[str]) -> int:
+def main(model: str | None = None, model_draft: str | None = None, models_dir: str | None = None, *,
+         k_max: int = 8, reps: int = 3, probe_tokens: int = 48, quick: bool = False, show: bool = False,
+         json_out: bool = False, verbose: bool = False) -> int:
+    """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one)."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
     from .catalog import resolve_model
+    from .progress import Progress as Report
 
-    args = _parser().parse_args(argv)
-    console = Console(stderr=True)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console()
-    try:
-        if args.k_max < 1 or args.k_max > 16:
-            raise ConfigError("--k-max must be between 1 and 16")
-        if args.reps < 1:
-            raise ConfigError("--reps must be at least 1")
-        target, draft = _default_pair(args)
-        target_path = resolve_model(target, args.models_dir)
-        draft_path = resolve_model(draft, args.models_dir)
-        if args.show:
-            p = prof.load(target_path, draft_path)
-            if p is None:
-                console.print(f"no profile for {target_path.name} + {draft_path.name} on this device; "
-                              "run ssd-edge calibrate")
-                return 1
-            out.print_json(p.model_dump_json()) if args.json else _print(p, prof.profile_path(p.device, p.target, p.draft), out)
-            return 0
-        cores = prof.device_info().cores
-        engine = Engine(EngineConfig.build(target=dict(path=str(target_path), threads=cores),
-                                           draft=dict(path=str(draft_path), threads=cores),
-                                           n_ctx=1024, mode="sd", verbose=args.verbose))
-        try:
-            with Bar(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                     transient=True) as bar:
-                task = bar.add_task("loading", total=1.0)
-                p = measure(engine, k_max=args.k_max, reps=1 if args.quick else args.reps,
-                            probe_tokens=24 if args.quick else args.probe_tokens, overlap_s=0.8 if args.quick else 1.5,
-                            progress=lambda what, frac: bar.update(task, description=what, completed=frac))
-        finally:
-            engine.close()
-        path = prof.save(p)
-        out.print_json(p.model_dump_json()) if args.json else _print(p, path, out)
+    if k_max < 1 or k_max > 16:
+        raise ConfigError("--k-max must be between 1 and 16")
+    if reps < 1:
+        raise ConfigError("--reps must be at least 1")
+    if probe_tokens < 1:
+        raise ConfigError("-n/--n-predict must be at least 1")
+    target, draft = default_pair(model, model_draft, models_dir)
+    target_path = resolve_model(target, models_dir)
+    draft_path = resolve_model(draft, models_dir)
+    if show:
+        p = prof.load(target_path, draft_path)
+        if p is None:
+            console.print(f"no profile for {target_path.name} + {draft_path.name} on this device; "
+                          "run ssd-edge calibrate")
+            return 1
+        if json_out:
+            out.print_json(p.model_dump_json())
+        else:
+            _print(p, prof.profile_path(p.device, p.target, p.draft), out)
         return 0
-    except SSDEdgeError as e:
-        console.print(f"[red]error:[/] {e}")
-        return e.exit_code
+    cores = prof.device_info().cores
+    engine = Engine(EngineConfig.build(target=dict(path=str(target_path), threads=cores),
+                                       draft=dict(path=str(draft_path), threads=cores),
+                                       n_ctx=1024, mode="sd", verbose=verbose))
+    try:
+        with Report(console) as report:
+            task = report.task("loading")
+            p = measure(engine, k_max=k_max, reps=1 if quick else reps, probe_tokens=24 if quick else probe_tokens,
+                        overlap_s=0.8 if quick else 1.5, progress=task.at)
     except KeyboardInterrupt:
         console.print("calibration interrupted; no profile saved")
         return 130
+    finally:
+        engine.close()
+    path = prof.save(p)
+    if json_out:
+        out.print_json(p.model_dump_json())
+    else:
+        _print(p, path, out)
+    return 0

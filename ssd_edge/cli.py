@@ -1,13 +1,14 @@
 """ssd-edge on the command line.
 
-    ssd-edge models list                  catalog models, and which are here
+    ssd-edge models list [--json]         catalog models, and which are here
     ssd-edge models pull [NAME...]        fetch models (default: the default pair)
     ssd-edge models derive-draft [NAME]   requantize a draft on this device (faster on AVX-512 CPUs)
     ssd-edge generate "PROMPT"            stream a completion (PROMPT omitted or -: read stdin)
     ssd-edge chat                         chat in the terminal
     ssd-edge serve                        an OpenAI-compatible server (chat, completions, /metrics)
     ssd-edge tui                          the full-screen app (also: ssd-edge with no command)
-    ssd-edge bench ... | calibrate ...    measure; arguments go to those tools
+    ssd-edge bench                        benchmark the modes on the prompt suite (bench.json, .md, .png)
+    ssd-edge calibrate                    measure this device for mode auto (a profile)
 
 Exit codes (SSDEdgeError.exit_code in errors.py):
     0 ok                    4 fetch error (network, package, checksum, disk full)
@@ -17,7 +18,10 @@ Exit codes (SSDEdgeError.exit_code in errors.py):
                             141 output pipe closed
 
 Settings (settings.py): flags > SSD_EDGE_<NAME> environment variables > config
-file > defaults. Errors print one line; --debug adds the traceback.
+file > defaults (bench and calibrate: their flags only). A flag means the same
+in every command that takes it (one table, settings.OPTIONS): -n, -m, -md, -k...
+Errors print one line; --debug adds the traceback. Long commands report
+progress on stderr: a bar on a terminal, plain lines in a log.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 from . import catalog, downloads, settings
-from .config import EngineConfig
+from .bench import BENCH_MODES, CATEGORIES, BenchArgs, comma_list
+from .bench import main as run_bench
+from .config import EngineConfig, SpecConfig
 from .errors import ConfigError, SSDEdgeError
 from .events import FinishEvent, TokenEvent
 from .settings import OPTIONS, Settings
@@ -83,9 +89,9 @@ FILE_OPTIONS = ["models_dir", "config", "debug"]
 
 # ---------------------------------------------------------------- shared options
 
-def _parameter(name: str) -> inspect.Parameter:
+def _parameter(name: str, help: str | None = None) -> inspect.Parameter:
     opt = OPTIONS[name]
-    decl = typer.Option(*opt.decls, help=opt.help, rich_help_panel=opt.panel, show_default=False)
+    decl = typer.Option(*opt.decls, help=help or opt.help, rich_help_panel=opt.panel, show_default=False)
     if opt.kind is bool:
         annotation, default = Annotated[bool, decl], False
     elif opt.kind is list:
@@ -95,9 +101,11 @@ def _parameter(name: str) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def with_options(names: list[str]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add the listed settings.OPTIONS to a command; they reach it as one `flags` dict."""
-    shared = [_parameter(n) for n in names]
+def with_options(names: list[str], helps: dict[str, str] | None = None
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the listed settings.OPTIONS to a command; they reach it as one `flags` dict (None, or False
+    for a switch: not given). `helps` rewords an option whose default differs in this command."""
+    shared = [_parameter(n, (helps or {}).get(n)) for n in names]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "flags"]
@@ -208,11 +216,11 @@ def load_engine(cfg: EngineConfig, s: Settings) -> Any:
 
 
 def calibrate_on_first_use(engine: Any) -> None:
-    """The first time mode auto meets a model pair on this device: measure the device (about half a
-    minute, with a progress bar) and save the profile the planner prices rounds with."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    """The first time mode auto meets a model pair on this device: measure the device (a lighter run
+    than `ssd-edge calibrate`, with a progress bar or lines) and save the profile the planner prices
+    rounds with."""
     from .calibrate import calibrate_first_use, needs_first_use
+    from .progress import Progress
 
     if not needs_first_use(engine):
         return
@@ -221,10 +229,8 @@ def calibrate_on_first_use(engine: Any) -> None:
               "on this device: measuring it for mode auto (once; `ssd-edge calibrate` redoes it, "
               "--no-calibrate skips it)")
     try:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err,
-                      transient=True) as bar:
-            task = bar.add_task("calibrating", total=1.0)
-            p = calibrate_first_use(engine, lambda what, frac: bar.update(task, description=what, completed=frac))
+        with Progress(err) as progress:
+            p = calibrate_first_use(engine, progress.task("calibrating").at)
     except KeyboardInterrupt:
         err.print("calibration interrupted; no profile saved")
         raise
@@ -324,7 +330,7 @@ def _generate(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str
         out.write(json.dumps({
             "text": finish.text, "tokens": list(finish.tokens), "prompt_tokens": len(tokens),
             "stop_reason": finish.stop_reason, "message": finish.message, "mode": cfg.mode,
-            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats,
+            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats.to_dict(),
         }, ensure_ascii=False) + "\n")
     else:
         if finish.tail:
@@ -392,7 +398,8 @@ def _tui(flags: dict[str, Any]) -> None:
             if e.name not in ("tui", "tui.app"):
                 raise
             raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
-        code = run_app(cfg, str(s.models_dir), calibrate=not s["no_calibrate"])
+        code = run_app(cfg, str(s.models_dir), calibrate=not s["no_calibrate"],
+                       max_tokens=s.max_tokens(512, cfg.n_ctx))
     raise typer.Exit(code if isinstance(code, int) else 0)
 
 
@@ -412,44 +419,168 @@ def serve(*, flags: dict[str, Any]) -> None:
     raise typer.Exit(code)
 
 
-_PASSTHROUGH = dict(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-                    add_help_option=False)
+# ---------------------------------------------------------------- measuring: bench, calibrate
+
+MEASURE_EPILOG = """\
+[bold]Settings[/] come from these flags only: the config file and SSD_EDGE_<NAME> variables do not apply, \
+so the command line describes the run (SSD_EDGE_MODELS, SSD_EDGE_HOME and SSD_EDGE_DEBUG still place the \
+models and profiles, and show tracebacks). The flags this command shares with generate (-n, -m, -md...) mean the \
+same here.
+
+[bold]Progress[/] goes to stderr: a bar on a terminal, one line per step in a log or a pipe.
+
+[bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 130 interrupted (Ctrl-C) \
+· 143 terminated (SIGTERM)."""
+
+_DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default: the catalog's default draft, as its q4_0 "
+                  "variant once derived)")
+BENCH_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
+                 "no_calibrate", "verbose", "debug"]
+BENCH_HELP = {
+    "model_draft": _DEFAULT_DRAFT,
+    "n_predict": "tokens per generation (default 128; --quick: at most 24); a prompt's own max_tokens overrides it",
+    "draft_max": f"draft length k, the most tokens a round drafts, in every mode (default {SpecConfig().k}); "
+                 "auto plans 0..k each round",
+    "ctx_size": "context size in tokens (default 2048)",
+    "temp": "sampling temperature (default 0 = greedy)",
+    "seed": "base seed; prompt i uses seed + i in every mode (default 0)",
+    "no_calibrate": "never calibrate; without a saved profile auto's planner prices verifies from what each "
+                    "generation times",
+}
+CALIBRATE_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "verbose", "debug"]
+CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
+                  "n_predict": "tokens per acceptance-probe generation (default 48; --quick: 24)"}
 
 
-@app.command(**_PASSTHROUGH)
-def bench(ctx: typer.Context) -> None:
-    """Benchmark the decoding modes (all arguments go to it; ssd-edge bench --help)."""
-    raise typer.Exit(_delegate("ssd_edge.bench", ctx.args))
+def _old_name(flags: dict[str, Any], name: str, old: str, value: Any) -> Any:
+    """A value given by a flag's old spelling (kept, hidden, so existing scripts work)."""
+    if value is None:
+        return flags[name]
+    if flags[name] is not None and flags[name] != value:
+        raise ConfigError(f"{settings.OPTIONS[name].flag} and {old} are the same setting; give one")
+    return value
 
 
-@app.command(**_PASSTHROUGH)
-def calibrate(ctx: typer.Context) -> None:
-    """Measure this device and write the profile that mode auto uses (ssd-edge calibrate --help)."""
-    raise typer.Exit(_delegate("ssd_edge.calibrate", ctx.args))
+def _argv_after(ctx: typer.Context, command: str) -> tuple[str, ...]:
+    """The command line after COMMAND, as typed (run() keeps it in the root context's obj)."""
+    argv = list(ctx.find_root().obj or sys.argv[1:])
+    return tuple(argv[argv.index(command) + 1:]) if command in argv else tuple(argv)
 
 
-def _delegate(module: str, argv: list[str]) -> int:
-    import importlib
+@app.command(epilog=MEASURE_EPILOG)
+@with_options(BENCH_OPTIONS, BENCH_HELP)
+def bench(
+    ctx: typer.Context,
+    output: Annotated[str, typer.Option("-o", "--output", help="folder for bench.json, bench.md, bench.png "
+                                        "(default: bench-out)", show_default=False)] = "bench-out",
+    modes: Annotated[str, typer.Option("--modes", help=f"comma-separated modes (default: {','.join(BENCH_MODES)}); "
+                                       "ar is the speedup baseline", show_default=False)] = ",".join(BENCH_MODES),
+    hardware: Annotated[str, typer.Option("--settings", help="hardware settings to run (default: separate,shared)",
+                                          show_default=False)] = "separate,shared",
+    category: Annotated[Optional[str], typer.Option("--category", help="only these prompt categories, "
+                                                    f"comma-separated: {', '.join(CATEGORIES)}",
+                                                    show_default=False)] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", help="a JSONL prompt file instead of the shipped "
+                                                   "suite", show_default=False)] = None,
+    reps: Annotated[int, typer.Option("--reps", help="passes over the prompt suite (default 1)",
+                                      show_default=False)] = 1,
+    quick: Annotated[bool, typer.Option("--quick", help="one short prompt per category, 24 tokens, no --peer-k "
+                                        "sweep: about a minute on the small test pair, several minutes on the "
+                                        "default pair")] = False,
+    llama_tools: Annotated[Optional[str], typer.Option("--llama-tools", help="folder holding llama-speculative-simple "
+                                                       "(default: ~/.cache/ssd-edge/llama-tools/bin, PATH)",
+                                                       show_default=False)] = None,
+    peer_k: Annotated[Optional[str], typer.Option("--peer-k", help="more draft lengths for the llama.cpp peer, "
+                                                  "comma-separated, run on the code prompts only (to find its best k "
+                                                  "there); it always runs at -k on every prompt",
+                                                  show_default=False)] = None,
+    no_peer: Annotated[bool, typer.Option("--no-peer", help="skip llama.cpp's speculative decoding")] = False,
+    recalibrate: Annotated[bool, typer.Option("--recalibrate", help="calibrate again before the run even if a "
+                                              "profile exists")] = False,
+    no_plot: Annotated[bool, typer.Option("--no-plot", help="skip bench.png")] = False,
+    max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True)] = None,  # -n's old name
+    *, flags: dict[str, Any],
+) -> None:
+    """Benchmark ar, sd, lookup, ssd and auto on the shipped prompt suite (code, code-edit, prose, chat,
+    translation) in two hardware settings: 'separate' (target and draft one core each) and 'shared' (both
+    models on all cores). Greedy and seeded; modes interleaved after a warm-up. Writes bench.json, bench.md
+    and bench.png, and prints the summary tables. llama.cpp's own speculative decoding runs beside them when
+    llama-speculative-simple is found (scripts/build_llama_tools.sh)."""
+    with reported(flags):
+        f = {k: v for k, v in flags.items() if v is not None and v is not False}
+        n = _old_name(flags, "n_predict", "--max-tokens", max_tokens)
+        args = BenchArgs(
+            model=f.get("model"), model_draft=f.get("model_draft"), models_dir=f.get("models_dir"), output=output,
+            modes=comma_list("--modes", modes, BENCH_MODES),
+            settings=comma_list("--settings", hardware, ("separate", "shared")),
+            category=comma_list("--category", category, CATEGORIES) if category is not None else None,
+            prompts=prompts, max_tokens=128 if n is None else n, k=f.get("draft_max", SpecConfig().k), reps=reps,
+            seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
+            llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
+            no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
+            verbose=bool(flags["verbose"]), argv=_argv_after(ctx, "bench"))
+        code = run_bench(args)
+    raise typer.Exit(code)
 
-    with reported({"debug": "--debug" in argv}):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            raise SSDEdgeError(f"{module} is not part of this install") from None
-        return int(mod.cli_main(list(argv)) or 0)
+
+def _ints(flag: str, text: str | None) -> list[int]:
+    if text is None:
+        return []
+    try:
+        return [int(x) for x in comma_list(flag, text)]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+
+
+@app.command(epilog=MEASURE_EPILOG)
+@with_options(CALIBRATE_OPTIONS, CALIBRATE_HELP)
+def calibrate(
+    k_max: Annotated[int, typer.Option("--k-max", help="longest draft length to measure (default 8)",
+                                       show_default=False)] = 8,
+    reps: Annotated[int, typer.Option("--reps", help="timed runs per measurement; the median is kept (default 3)",
+                                      show_default=False)] = 3,
+    quick: Annotated[bool, typer.Option("--quick", help="fewer repetitions and a shorter probe (about half the "
+                                        "time)")] = False,
+    show: Annotated[bool, typer.Option("--show", help="print the saved profile and what auto picks; measure "
+                                       "nothing")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
+    probe_tokens: Annotated[Optional[int], typer.Option("--probe-tokens", hidden=True)] = None,  # -n's old name
+    *, flags: dict[str, Any],
+) -> None:
+    """Measure this device for a (target, draft) pair and save the profile that mode auto uses: step costs
+    per thread count, the slowdown of running both models at once, and acceptance on a short probe."""
+    from .calibrate import main as calibrate_main
+
+    with reported(flags):
+        n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)
+        code = calibrate_main(flags["model"], flags["model_draft"], flags["models_dir"], k_max=k_max, reps=reps,
+                              probe_tokens=48 if n is None else n, quick=quick, show=show, json_out=json_out,
+                              verbose=bool(flags["verbose"]))
+    raise typer.Exit(code)
 
 
 # ---------------------------------------------------------------- models
 
 @models_app.command("list")
 @with_options(FILE_OPTIONS)
-def models_list(*, flags: dict[str, Any]) -> None:
+def models_list(
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON document (models_dir, and per model: "
+                                           "name, role, default, derived, size in bytes, present, problem, file, "
+                                           "path)")] = False,
+    *, flags: dict[str, Any],
+) -> None:
     """Catalog models: name, role, size, whether a verified copy is here, and its file."""
     with reported(flags):
         s = settings.resolve(flags)
-        Console(highlight=False).print(downloads.models_table(catalog.load_catalog(), s.models_dir))
+        listing = downloads.models_listing(catalog.load_catalog(), s.models_dir)
+        if json_out:
+            sys.stdout.write(json.dumps({"models_dir": str(s.models_dir), "models": listing}, indent=2) + "\n")
+            return
+        out = Console(highlight=False, soft_wrap=True)
+        if not out.is_terminal:  # a pipe or a file: rows as long as they need, never folded at 80 columns
+            out = Console(highlight=False, soft_wrap=True, width=100_000)
+        out.print(f"models in {s.models_dir}", markup=False)
+        out.print(downloads.models_table(listing))
 
 
 @models_app.command("pull")
@@ -512,7 +643,8 @@ def run(argv: list[str] | None = None) -> int:
     throughout, so cleanups run; usage errors print one line, like every other error."""
     with terminate_as_interrupt():
         try:
-            code = app(args=argv, prog_name="ssd-edge", standalone_mode=False)
+            argv = sys.argv[1:] if argv is None else list(argv)
+            code = app(args=argv, prog_name="ssd-edge", standalone_mode=False, obj=argv)  # obj: for bench.json
         except ClickException as e:
             message = e.format_message().rstrip(".")
             if message:  # empty when a group was called bare and printed its help

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
@@ -20,28 +20,43 @@ from . import catalog
 from .errors import FetchError
 
 
-def presence(m: catalog.CatalogModel, path: Path) -> str:
-    """Whether a verified copy of `m` is at `path` (hashes it once if it has no stamp yet)."""
+def problem(m: catalog.CatalogModel, path: Path) -> str | None:
+    """What is wrong with the copy of `m` at `path`: None when it is verified (hashed once if it has no
+    stamp yet), else 'missing', 'wrong size (...)' or 'checksum mismatch'."""
     if not path.exists():
-        return "[dim]no[/]"
+        return "missing"
     size = path.stat().st_size
     if size != m.size:
-        return f"[red]wrong size ({size:,} of {m.size:,} bytes)[/]"
-    return "[green]yes[/]" if catalog.is_verified(m, path) else "[red]checksum mismatch[/]"
+        return f"wrong size ({size:,} of {m.size:,} bytes)"
+    return None if catalog.is_verified(m, path) else "checksum mismatch"
 
 
-def models_table(cat: catalog.Catalog, models_dir: Path) -> Table:
-    table = Table(title=f"models in {models_dir}", title_justify="left", title_style="")
-    for col in ("name", "role", "size", "present", "file"):
-        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+def models_listing(cat: catalog.Catalog, models_dir: Path) -> list[dict[str, Any]]:
+    """One entry per catalog model, and per variant `models derive-draft` made here (`models list --json`)."""
+    out: list[dict[str, Any]] = []
     for m in cat.models:
-        role = m.role + (" (default)" if m.name in (cat.default_target, cat.default_draft) else "")
-        table.add_row(m.name, role, f"{m.size / 1e6:,.0f} MB", presence(m, catalog.model_path(m, models_dir)), m.file)
-        for kind in catalog.DERIVED_KINDS:  # variants `models derive-draft` made here
+        path = catalog.model_path(m, models_dir)
+        trouble = problem(m, path)
+        out.append({"name": m.name, "role": m.role, "default": m.name in (cat.default_target, cat.default_draft),
+                    "derived": False, "size": m.size, "present": trouble is None,
+                    "problem": None if trouble in (None, "missing") else trouble, "file": m.file, "path": str(path)})
+        for kind in catalog.DERIVED_KINDS:
             path = catalog.derived_path(m, kind, models_dir)
             if path.exists():
-                table.add_row(f"{m.name}:{kind}", f"{m.role}, derived", f"{path.stat().st_size / 1e6:,.0f} MB",
-                              "yes", path.name)
+                out.append({"name": f"{m.name}:{kind}", "role": m.role, "default": False, "derived": True,
+                            "size": path.stat().st_size, "present": True, "problem": None, "file": path.name,
+                            "path": str(path)})
+    return out
+
+
+def models_table(listing: list[dict[str, Any]]) -> Table:
+    table = Table()
+    for col in ("name", "role", "size", "present", "file"):
+        table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
+    for e in listing:
+        role = e["role"] + (", derived" if e["derived"] else " (default)" if e["default"] else "")
+        present = "[green]yes[/]" if e["present"] else f"[red]{e['problem']}[/]" if e["problem"] else "[dim]no[/]"
+        table.add_row(e["name"], role, f"{e['size'] / 1e6:,.0f} MB", present, e["file"])
     return table
 
 

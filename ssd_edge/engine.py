@@ -32,7 +32,7 @@ from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .coupling import fresh_seed, gumbel_picks
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
-from .events import FinishEvent, Round, StopReason, TokenEvent
+from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import TextStream
 from .kvseq import Cancelled, KVSeq, common_prefix
 from .metrics import Meter
@@ -64,7 +64,7 @@ class Completion:
     text: str
     tokens: tuple[int, ...]
     stop_reason: StopReason
-    stats: dict[str, Any]
+    stats: Stats
 
 
 # ---------------------------------------------------------------- speculation strategies
@@ -545,10 +545,7 @@ class Engine:
         finally:
             self._end_strategy(strategy)
         tail = text.finish()
-        stats = meter.summary()
-        stats["seed"] = None if s.greedy else seed
-        if (plan := strategy.report()) is not None:
-            stats["auto"] = plan
+        stats = meter.summary(seed=None if s.greedy else seed, auto=strategy.report())
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     @staticmethod

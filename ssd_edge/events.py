@@ -1,11 +1,13 @@
 """Typed, immutable events: the one stream that the CLI, the TUI, the benchmark
 and the Python API all consume. `Engine.generate` yields TokenEvents as tokens
-are committed, then exactly one FinishEvent."""
+are committed, then exactly one FinishEvent, whose Stats the meter
+(metrics.Meter.summary) builds once and every face reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any, Literal, Mapping
 
 # Where a committed token came from.
 Provenance = Literal["target", "draft", "prespec", "ngram"]
@@ -22,7 +24,10 @@ HIT_RATE_HEALTHY = 0.70  # pre-speculation hit rate above this: healthy
 HIT_RATE_POOR = 0.50     # below this: poor
 
 
-def hit_rate_health(rate: float | None) -> Literal["healthy", "fair", "poor", "n/a"]:
+Health = Literal["healthy", "fair", "poor", "n/a"]
+
+
+def hit_rate_health(rate: float | None) -> Health:
     if rate is None:
         return "n/a"
     return "healthy" if rate >= HIT_RATE_HEALTHY else "poor" if rate < HIT_RATE_POOR else "fair"
@@ -68,11 +73,116 @@ class TokenEvent:
     live: LiveStats
 
 
+def _frozen(m: Mapping[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(dict(m))
+
+
+@dataclass(frozen=True)
+class PrespecStats:
+    """SSD pre-speculation over one generation (zeros and None where no lookup ran)."""
+
+    lookups: int
+    hits: int
+    partial_hits: int
+    misses: int
+    hit_rate: float | None              # hits / lookups
+    partial_rate: float | None          # partial hits / lookups
+    health: Health                      # hit_rate against HIT_RATE_HEALTHY / HIT_RATE_POOR
+    latency_ms_hit_p50: float | None    # per token, in rounds whose lookup hit
+    latency_ms_hit_p95: float | None
+    latency_ms_miss_p50: float | None   # per token, in rounds whose lookup missed or hit partly
+    latency_ms_miss_p95: float | None
+    prepared_tokens: int                # draft tokens made ahead of time
+    used_tokens: int                    # of those, handed to the target
+    waste: float | None                 # 1 - used / prepared
+    branch_cells_peak: int              # draft KV cells the branches held at most
+    budget_cells: int
+    branch_bytes_peak: int              # the same in bytes (0 when the cell size is unknown)
+    budget_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class AutoStats:
+    """Mode auto's planner over one generation."""
+
+    decisions: Mapping[str, int]   # rounds by the proposer chosen: plain, ngram, draft, prepared
+    concurrent: bool               # whether the pre-speculation worker ran beside the target
+    planner: Mapping[str, Any]     # the rest of the planner's report: its estimates and its round log
+    #                                (diagnostics, shaped by planner.py)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decisions", _frozen(self.decisions))
+        object.__setattr__(self, "planner", _frozen(self.planner))
+
+    @classmethod
+    def of(cls, report: Mapping[str, Any]) -> AutoStats:
+        """From the strategy's report: the planner's figures plus "concurrent"."""
+        rest = dict(report)
+        return cls(rest.pop("decisions", {}), bool(rest.pop("concurrent", False)), rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decisions": dict(self.decisions), **self.planner, "concurrent": self.concurrent}
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One generation's measurements (FinishEvent.stats), built once by metrics.Meter.summary.
+    to_dict() is the JSON form that `generate --json`, bench.json and the server's
+    `speculation` object carry."""
+
+    mode: str                           # the requested mode
+    prompt_tokens: int
+    tokens: int                         # tokens generated
+    rounds: int
+    wall_s: float
+    ttft_s: float | None                # time to the first round's tokens (the prompt's prefill)
+    tokens_per_s: float                 # decode speed, the one definition: metrics.decode_rate
+    end_to_end_tokens_per_s: float      # tokens / wall_s
+    drafted: int
+    accepted: int
+    acceptance_rate: float | None       # accepted / drafted
+    mean_accepted_len: float | None     # accepted tokens per round that drafted
+    per_position_acceptance: tuple[float, ...]  # [i]: rounds accepting draft position i / rounds drafting it
+    draft_busy_s: float
+    target_busy_s: float
+    draft_util: float                   # busy fraction of wall time
+    target_util: float
+    latency_ms_p50: float | None        # per token (a round's wall time over its tokens)
+    latency_ms_p95: float | None
+    prespec: PrespecStats
+    speculators: Mapping[str, int]      # rounds by who proposed: none, draft, prespec, ngram
+    seed: int | None = None             # a sampled generation's seed (replays it in any mode); None: greedy
+    auto: AutoStats | None = None       # mode auto only
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculators", _frozen(self.speculators))
+        object.__setattr__(self, "per_position_acceptance", tuple(self.per_position_acceptance))
+
+    @property
+    def decode_s(self) -> float:
+        """The time after the first round: what tokens_per_s divides by (0 before any round)."""
+        return max(self.wall_s - self.ttft_s, 0.0) if self.ttft_s is not None else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: one key per field, nested prespec and auto; "auto" only in mode auto."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(per_position_acceptance=list(self.per_position_acceptance), prespec=self.prespec.to_dict(),
+                   speculators=dict(self.speculators))
+        if self.auto is None:
+            del out["auto"]
+        else:
+            out["auto"] = self.auto.to_dict()
+        return out
+
+
 @dataclass(frozen=True)
 class FinishEvent:
     text: str                       # the whole answer
     tokens: tuple[int, ...]
     stop_reason: StopReason
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Stats
     message: str | None = None      # why, in words, when it is not an ordinary stop
     tail: str = ""                  # text not yet sent in a TokenEvent (a held-back stop-string prefix)

@@ -8,11 +8,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from .events import LiveStats, Round, hit_rate_health
+from .events import AutoStats, LiveStats, PrespecStats, Round, Stats, hit_rate_health
 
 
 class BusyClock:
@@ -29,6 +29,16 @@ class BusyClock:
 
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
+
+
+def decode_rate(tokens: int, first_round_tokens: int, wall_s: float, ttft_s: float | None) -> float:
+    """Decode tokens/s, the one definition (the stats line, the TUI, the bench, the server): the
+    tokens after the first round over the time after it, since the first round carries the prompt;
+    a reply that ended in its first round has only its end-to-end rate."""
+    decode_s = wall_s - ttft_s if ttft_s is not None else 0.0
+    if tokens > first_round_tokens and decode_s > 0:
+        return (tokens - first_round_tokens) / decode_s
+    return tokens / wall_s
 
 
 class Meter:
@@ -103,60 +113,36 @@ class Meter:
             target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=self.branch_cells,
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
+        """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
+        greedy); auto: mode auto's report (the planner's figures and "concurrent")."""
         wall = self.elapsed()
         ttft = (self.t_first - self.t0) if self.t_first else None
-        decode_time = wall - ttft if ttft is not None else 0.0
         drafted = int(self.drafted_at.sum())
         spec_rounds = [r for r in self.rounds if r.drafted]
         lookups = sum(self.prespec.values())
         all_lat = [x for v in self.latency_ms.values() for x in v]
         miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
-        return {
-            "mode": self.mode,
-            "prompt_tokens": self.n_prompt,
-            "tokens": self.tokens,
-            "rounds": len(self.rounds),
-            "wall_s": wall,
-            "ttft_s": ttft,
-            # decode speed excludes the prompt and first token: tokens after the first over the time after it
-            # decode speed: the tokens after the first round over the time after it (the first round
-            # carries the prompt); a reply that ends in its first round has only the end-to-end rate
-            "tokens_per_s": ((self.tokens - self.first_round_tokens) / decode_time
-                             if self.tokens > self.first_round_tokens and decode_time > 0 else self.tokens / wall),
-            "end_to_end_tokens_per_s": self.tokens / wall,
-            "drafted": drafted,
-            "accepted": int(self.accepted_at.sum()),
-            "acceptance_rate": self.acceptance(),
-            "mean_accepted_len": float(np.mean([r.accepted for r in spec_rounds])) if spec_rounds else None,
-            "per_position_acceptance": [float(a / d) if d else None
-                                        for a, d in zip(self.accepted_at.tolist(), self.drafted_at.tolist())
-                                        if d],
-            "draft_busy_s": self.draft_busy.seconds,
-            "target_busy_s": self.target_busy.seconds,
-            "draft_util": min(1.0, self.draft_busy.seconds / wall),
-            "target_util": min(1.0, self.target_busy.seconds / wall),
-            "latency_ms_p50": _pct(all_lat, 50),
-            "latency_ms_p95": _pct(all_lat, 95),
-            "prespec": {
-                "lookups": lookups,
-                "hits": self.prespec["hit"],
-                "partial_hits": self.prespec["partial"],
-                "misses": self.prespec["miss"],
-                "hit_rate": self.hit_rate(),
-                "partial_rate": self.prespec["partial"] / lookups if lookups else None,
-                "health": hit_rate_health(self.hit_rate()),
-                "latency_ms_hit_p50": _pct(self.latency_ms["hit"], 50),
-                "latency_ms_hit_p95": _pct(self.latency_ms["hit"], 95),
-                "latency_ms_miss_p50": _pct(miss_lat, 50),
-                "latency_ms_miss_p95": _pct(miss_lat, 95),
-                "prepared_tokens": self.prepared_tokens,
-                "used_tokens": self.used_tokens,
-                "waste": 1 - self.used_tokens / self.prepared_tokens if self.prepared_tokens else None,
-                "branch_cells_peak": self.branch_cells_peak,
-                "budget_cells": self.budget_cells,
-                "branch_bytes_peak": self.branch_cells_peak * self.cell_bytes,
-                "budget_bytes": self.budget_cells * self.cell_bytes,
-            },
-            "speculators": dict(self.speculators),
-        }
+        prespec = PrespecStats(
+            lookups=lookups, hits=self.prespec["hit"], partial_hits=self.prespec["partial"],
+            misses=self.prespec["miss"], hit_rate=self.hit_rate(),
+            partial_rate=self.prespec["partial"] / lookups if lookups else None,
+            health=hit_rate_health(self.hit_rate()),
+            latency_ms_hit_p50=_pct(self.latency_ms["hit"], 50), latency_ms_hit_p95=_pct(self.latency_ms["hit"], 95),
+            latency_ms_miss_p50=_pct(miss_lat, 50), latency_ms_miss_p95=_pct(miss_lat, 95),
+            prepared_tokens=self.prepared_tokens, used_tokens=self.used_tokens,
+            waste=1 - self.used_tokens / self.prepared_tokens if self.prepared_tokens else None,
+            branch_cells_peak=self.branch_cells_peak, budget_cells=self.budget_cells,
+            branch_bytes_peak=self.branch_cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes)
+        return Stats(
+            mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=len(self.rounds), wall_s=wall,
+            ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),
+            end_to_end_tokens_per_s=self.tokens / wall,
+            drafted=drafted, accepted=int(self.accepted_at.sum()), acceptance_rate=self.acceptance(),
+            mean_accepted_len=float(np.mean([r.accepted for r in spec_rounds])) if spec_rounds else None,
+            per_position_acceptance=tuple(float(a / d) for a, d in zip(self.accepted_at.tolist(),
+                                                                       self.drafted_at.tolist()) if d),
+            draft_busy_s=self.draft_busy.seconds, target_busy_s=self.target_busy.seconds,
+            draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
+            latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
+            speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None)

@@ -1,8 +1,9 @@
 """Command-line settings: one table of options, four layers, one EngineConfig.
 
-Every option shared by `generate`, `chat` and `tui` is listed once in OPTIONS
-(flag names follow llama.cpp where they overlap). A value comes from the first
-layer that sets it:
+Every option shared by `generate`, `chat`, `tui` and `serve` is listed once in
+OPTIONS (flag names follow llama.cpp where they overlap); `bench` and
+`calibrate` declare the ones they take from the same table, but read only their
+flags. A value comes from the first layer that sets it:
 
     1. a command-line flag                     --threads 2
     2. an environment variable                 SSD_EDGE_THREADS=2   (SSD_EDGE_MODELS for --models-dir)
@@ -77,7 +78,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("ctx_size", ("-c", "--ctx-size"), int, "context size in tokens, prompt and answer together "
            "(default 4096)", _R),
     Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
-           "context (default: generate 256, chat -1)", _R),
+           "context (default: generate 256, tui 512, chat and serve -1)", _R),
     Option("temp", ("--temp",), float, "temperature; 0 = greedy (default 0)", _S),
     Option("top_k", ("--top-k",), int, "top-k sampling; 0 = off (default 40)", _S),
     Option("top_p", ("--top-p",), float, "top-p sampling, in (0, 1] (default 0.95)", _S),
@@ -87,14 +88,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
     Option("no_calibrate", ("--no-calibrate",), bool, "do not measure this device the first time mode auto "
            "meets a model pair (auto then prices rounds from what each generation times)", _X),
-    Option("draft_max", ("--draft-max",), int, "draft tokens per round, k (default 3)", _X),
+    Option("draft_max", ("-k", "--draft-max"), int, "draft tokens per round, k (default 3)", _X),
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
     Option("budget_cells", ("--budget-cells",), int, "SSD: draft KV cells that pre-speculated branches may hold "
            "(default 64)", _X),
     Option("stop", ("--stop",), list, "stop at this text (repeatable)", _O),
     Option("config", ("--config",), str, "TOML config file (default ~/.config/ssd-edge/config.toml)", _O),
-    Option("verbose", ("--verbose",), bool, "show llama.cpp's own logs", _O),
+    Option("verbose", ("-v", "--verbose"), bool, "show llama.cpp's own logs", _O),
     Option("debug", ("--debug",), bool, "show tracebacks and debug logs", _O),
     # `ssd-edge serve` only
     Option("host", ("--host",), str, "address to listen on (default 127.0.0.1, this machine only; any other "

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prompts import PROMPTS, Prompt
-from ssd_edge.events import FinishEvent, TokenEvent
+from ssd_edge.events import FinishEvent, Stats, TokenEvent
 
 FULL_MAX_NEW = 128
 TIE_TOL = 0.6            # logit gap below which two candidates count as tied (0.58 seen in FIELD_NOTES)
@@ -97,7 +97,7 @@ class Run:
     out: list[int]
     rounds: list[tuple[int, int]]  # per verify round: (output index its first row predicts, tokens drafted)
     stop_reason: str
-    stats: dict
+    stats: Stats
     provenance: list[str] = field(default_factory=list)  # per output token: target, draft, prespec, ngram
 
 
@@ -221,11 +221,10 @@ def compare_prompt(engine, p: Prompt, label: str, mode: str, ar_first: Run, tall
     while True:
         spec = generate(engine, prefix, mode, left)
         FIRST_RUNS.setdefault((id(engine), label, p.name), spec)
-        tally.drafted += spec.stats["drafted"]
-        tally.accepted += spec.stats["accepted"]
-        for key, value in spec.stats["prespec"].items():
-            if key in ("lookups", "hits", "partial_hits", "misses"):
-                tally.prespec[key] = tally.prespec.get(key, 0) + value
+        tally.drafted += spec.stats.drafted
+        tally.accepted += spec.stats.accepted
+        for key in ("lookups", "hits", "partial_hits", "misses"):
+            tally.prespec[key] = tally.prespec.get(key, 0) + getattr(spec.stats.prespec, key)
         i = first_difference(ar, spec)
         if i is None:
             tally.compared += len(ar.out)

@@ -13,6 +13,7 @@ per round, all pre-speculation hits, for tests that act between words
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -167,7 +168,8 @@ class ScriptedEngine:
         stats = meter.summary()
         if wall:  # the clock's figures, from the script
             rate = 1e3 * len(out) / wall
-            stats.update(wall_s=wall / 1e3, ttft_s=first_wall / 1e3, tokens_per_s=rate, end_to_end_tokens_per_s=rate)
+            stats = dataclasses.replace(stats, wall_s=wall / 1e3, ttft_s=first_wall / 1e3, tokens_per_s=rate,
+                                        end_to_end_tokens_per_s=rate)
         yield FinishEvent(self._text(out), tuple(out), reason, stats, message, "")
 
     def _text(self, tokens: list[int]) -> str:

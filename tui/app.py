@@ -214,7 +214,7 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
                 self.live.observe(item.round, item.n_tokens, item.live)
             elif isinstance(item, Failure):
                 self.reply.note = "error: " + item.message
-                self.live.finish({})
+                self.live.finish(None)
                 self.notify(item.message, title="Generation failed", severity="error", timeout=10)
                 done = True
             else:  # the FinishEvent
@@ -305,10 +305,12 @@ def logs_to_file() -> Iterator[Path]:
         handler.close()
 
 
-def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool = True) -> int:
+def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool = True,
+            max_tokens: int = 512) -> int:
     """Run the TUI until the user quits; returns the process exit code. calibrate: measure the
-    device the first time mode auto meets the model pair (see calibrating_engine_factory)."""
-    app = SSDEdgeApp(config, models_dir=models_dir,
+    device the first time mode auto meets the model pair (see calibrating_engine_factory);
+    max_tokens: the most tokens a reply may have (-n; the settings dialog changes it)."""
+    app = SSDEdgeApp(config, models_dir=models_dir, max_tokens=max_tokens,
                      engine_factory=calibrating_engine_factory if calibrate else default_engine_factory)
     with logs_to_file():
         try:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Any
-
-from ssd_edge.events import LiveStats, Round
+from ssd_edge.events import LiveStats, Round, Stats
 
 RATE_WINDOW = 6      # rounds averaged into "tokens/s now"
 HISTORY = 120        # points kept for the sparkline
@@ -25,7 +23,7 @@ class LiveModel:
         self.rates: deque[float] = deque(maxlen=HISTORY)  # tokens/s now, one point per round, across generations
         self._recent: deque[tuple[int, float]] = deque(maxlen=RATE_WINDOW)  # (tokens, wall_ms)
         self._latency: dict[str, deque[float]] = {k: deque(maxlen=LATENCY_WINDOW) for k in ("hit", "miss", "all")}
-        self.final: dict[str, Any] | None = None  # FinishEvent.stats of the last finished generation
+        self.final: Stats | None = None  # FinishEvent.stats of the last finished generation
         self.generating = False
 
     def start(self) -> None:
@@ -51,9 +49,10 @@ class LiveModel:
             elif rnd.prespec in ("miss", "partial"):  # as in Meter.summary: a partial hit counts as a miss
                 self._latency["miss"].append(per_token)
 
-    def finish(self, stats: dict[str, Any]) -> None:
+    def finish(self, stats: Stats | None) -> None:
+        """The generation ended: with its Stats, or None when it failed."""
         self.generating = False
-        self.final = stats or None
+        self.final = stats
         self.rate_now = None
 
     # ------------------------------------------------------------ reading
@@ -61,40 +60,31 @@ class LiveModel:
         """Median per-token latency of hits, misses or all rounds; the engine's own
         p50 once a generation has finished."""
         if self.final is not None:
-            if kind == "all":
-                return self.final.get("latency_ms_p50")
-            return (self.final.get("prespec") or {}).get(f"latency_ms_{kind}_p50")
+            pre = self.final.prespec
+            return {"all": self.final.latency_ms_p50, "hit": pre.latency_ms_hit_p50, "miss": pre.latency_ms_miss_p50}[kind]
         values = self._latency[kind]
         return statistics.median(values) if values else None
 
     def average_rate(self) -> float | None:
         if self.final is not None:
-            return reply_rate(self.final)
+            return self.final.tokens_per_s
         return self.live.tokens_per_s if self.live else None
-
-
-def reply_rate(stats: dict[str, Any]) -> float | None:
-    """The reply's decode speed. The engine's figure leaves out the first token and
-    the time to it; when a whole reply came in one round that leaves ~no time and
-    an absurd rate, so fall back to the end-to-end rate."""
-    if stats.get("rounds", 2) < 2:
-        return stats.get("end_to_end_tokens_per_s")
-    return stats.get("tokens_per_s")
 
 
 STOP_WORDS = {"cancelled": "stopped", "length": "max tokens", "context": "context full", "error": "error"}
 
 
-def finish_note(stop_reason: str, stats: dict[str, Any], message: str | None) -> str:
-    """The line under a finished reply: why it ended (when unusual) and its figures."""
+def finish_note(stop_reason: str, stats: Stats, message: str | None) -> str:
+    """The line under a finished reply: why it ended (when unusual) and its figures (decode tokens/s
+    as the meter defines it: metrics.decode_rate)."""
     parts = [STOP_WORDS[stop_reason]] if stop_reason in STOP_WORDS else []
     if message and stop_reason != "cancelled":
         parts.append(message)
-    if stats.get("tokens"):
-        parts.append(f"{stats['tokens']} tokens · {reply_rate(stats) or 0.0:.1f} tok/s · {stats.get('mode', '?')}")
-    if stats.get("acceptance_rate") is not None:
-        parts.append(f"acceptance {100 * stats['acceptance_rate']:.0f}%")
-    hit = (stats.get("prespec") or {}).get("hit_rate")
+    if stats.tokens:
+        parts.append(f"{stats.tokens} tokens · {stats.tokens_per_s:.1f} tok/s · {stats.mode}")
+    if stats.acceptance_rate is not None:
+        parts.append(f"acceptance {100 * stats.acceptance_rate:.0f}%")
+    hit = stats.prespec.hit_rate
     if hit is not None:
         parts.append(f"pre-spec hits {100 * hit:.0f}%")
     return " · ".join(parts)

@@ -104,17 +104,17 @@ class Monitor:
         st = ev.stats
         self.generations.labels(ev.stop_reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
-        if st.get("ttft_s") is not None:
-            self.ttft.observe(st["ttft_s"])
-        self.duration.observe(st.get("wall_s", 0.0))
-        self.generation_seconds.inc(st.get("wall_s", 0.0))
-        self.busy.labels("target").inc(st.get("target_busy_s", 0.0))
-        self.busy.labels("draft").inc(st.get("draft_busy_s", 0.0))
-        self.utilization.labels("draft").set(st.get("draft_util", 0.0))
-        self.utilization.labels("target").set(st.get("target_util", 0.0))
+        if st.ttft_s is not None:
+            self.ttft.observe(st.ttft_s)
+        self.duration.observe(st.wall_s)
+        self.generation_seconds.inc(st.wall_s)
+        self.busy.labels("target").inc(st.target_busy_s)
+        self.busy.labels("draft").inc(st.draft_busy_s)
+        self.utilization.labels("draft").set(st.draft_util)
+        self.utilization.labels("target").set(st.target_util)
         if ev.tokens:
-            self.tokens_per_s.set(st.get("tokens_per_s", 0.0))
-        for proposer, n in ((st.get("auto") or {}).get("decisions") or {}).items():
+            self.tokens_per_s.set(st.tokens_per_s)
+        for proposer, n in (st.auto.decisions if st.auto is not None else {}).items():
             self.planner.labels(proposer).inc(n)
 
     # ------------------------------------------------------------ read by GET /metrics

@@ -228,25 +228,24 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 def speculation(finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
     """How this answer was decoded: acceptance, pre-speculation hit rate, which proposer served
     each round (plain, ngram, draft, prepared), and where each token came from."""
-    st = finish.stats
-    pre = st.get("prespec") or {}
+    st, pre = finish.stats, finish.stats.prespec
     out = {
-        "mode": st.get("mode"),
-        "acceptance_rate": st.get("acceptance_rate"),
-        "drafted": st.get("drafted"),
-        "accepted": st.get("accepted"),
-        "hit_rate": pre.get("hit_rate"),
-        "hit_rate_health": pre.get("health"),
-        "prespec": {k: pre.get(k) for k in ("lookups", "hits", "partial_hits", "misses")},
-        "rounds": st.get("rounds"),
-        "rounds_by_proposer": {PROPOSER.get(k, k): v for k, v in (st.get("speculators") or {}).items()},
+        "mode": st.mode,
+        "acceptance_rate": st.acceptance_rate,
+        "drafted": st.drafted,
+        "accepted": st.accepted,
+        "hit_rate": pre.hit_rate,
+        "hit_rate_health": pre.health,
+        "prespec": {"lookups": pre.lookups, "hits": pre.hits, "partial_hits": pre.partial_hits, "misses": pre.misses},
+        "rounds": st.rounds,
+        "rounds_by_proposer": {PROPOSER.get(k, k): v for k, v in st.speculators.items()},
         "tokens_by_source": dict(sources),
-        "tokens_per_s": st.get("tokens_per_s"),
-        "ttft_s": st.get("ttft_s"),
-        "seed": st.get("seed"),
+        "tokens_per_s": st.tokens_per_s,
+        "ttft_s": st.ttft_s,
+        "seed": st.seed,
     }
-    if (plan := st.get("auto")) is not None:
-        out["planner_decisions"] = dict(plan.get("decisions") or {})
+    if st.auto is not None:
+        out["planner_decisions"] = dict(st.auto.decisions)
     return out
 
 

@@ -70,7 +70,7 @@ def test_auto_greedy_is_the_targets_greedy_output(disagree, threads):
     _, ref = run(eng, "ar")
     rounds, fin = run(eng)
     assert fin.tokens == ref.tokens
-    assert fin.stats["mode"] == "auto" and fin.stats["auto"]["concurrent"] == (threads == (1, 1))
+    assert fin.stats.mode == "auto" and fin.stats.auto.concurrent == (threads == (1, 1))
 
 
 def test_the_first_round_reads_the_prompt_alone():
@@ -80,16 +80,16 @@ def test_the_first_round_reads_the_prompt_alone():
 
 def test_a_predictable_draft_serves_most_rounds():
     rounds, fin = run(engine(0), n=120)
-    served = fin.stats["speculators"]
+    served = fin.stats.speculators
     assert served.get("draft", 0) > 0.7 * len(rounds), served
-    assert fin.stats["tokens"] / len(rounds) > 2.5  # about k + 1 per round
+    assert fin.stats.tokens / len(rounds) > 2.5  # about k + 1 per round
 
 
 def test_a_draft_that_is_always_wrong_leaves_the_target_to_plain_steps():
     rounds, fin = run(engine(-1), n=120)
-    served = fin.stats["speculators"]
+    served = fin.stats.speculators
     assert served.get("none", 0) > 0.8 * len(rounds), served
-    measured = fin.stats["auto"]["draft_alpha_measured"][0]
+    measured = fin.stats.auto.planner["draft_alpha_measured"][0]
     assert measured is not None and measured < 0.5  # it was tried, and found wanting
 
 
@@ -106,8 +106,8 @@ def test_ngram_serves_an_answer_that_quotes_the_prompt():
     rounds, fin = run(eng, prompt=prompt, n=20)
     _, ref = run(eng, "ar", prompt=prompt, n=20)
     assert fin.tokens == ref.tokens == tuple(s[m:m + 20])
-    assert fin.stats["speculators"].get("ngram", 0) >= 3, fin.stats["speculators"]
-    assert fin.stats["tokens"] / len(rounds) > 2.0
+    assert fin.stats.speculators.get("ngram", 0) >= 3, fin.stats.speculators
+    assert fin.stats.tokens / len(rounds) > 2.0
 
 
 def test_without_a_draft_model_auto_plans_plain_steps_and_ngrams():
@@ -115,16 +115,16 @@ def test_without_a_draft_model_auto_plans_plain_steps_and_ngrams():
     rounds, fin = run(eng)
     _, ref = run(eng, "ar")
     assert fin.tokens == ref.tokens
-    assert set(fin.stats["speculators"]) <= {"none", "ngram"}
-    assert not fin.stats["auto"]["concurrent"]
+    assert set(fin.stats.speculators) <= {"none", "ngram"}
+    assert not fin.stats.auto.concurrent
 
 
 def test_concurrent_auto_uses_prepared_branches():
     eng = engine(0, threads=(1, 1))
     rounds, fin = run(eng, n=120)
-    assert fin.stats["auto"]["concurrent"]
-    assert fin.stats["prespec"]["lookups"] > 10
-    assert fin.stats["speculators"].get("prespec", 0) > 0.5 * len(rounds), fin.stats["speculators"]
+    assert fin.stats.auto.concurrent
+    assert fin.stats.prespec.lookups > 10
+    assert fin.stats.speculators.get("prespec", 0) > 0.5 * len(rounds), fin.stats.speculators
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "lookup", "ssd", "auto"])
@@ -138,7 +138,7 @@ def test_one_seed_gives_the_same_sampled_tokens_in_every_mode(mode, temperature)
     _, ref = run(eng, "ar", n=60, **kw)
     _, fin = run(eng, mode, n=60, **kw)
     assert fin.tokens == ref.tokens
-    assert fin.stats["seed"] == 1234
+    assert fin.stats.seed == 1234
     assert len(set(ref.tokens)) > 5  # really sampled, not a constant
 
 
@@ -171,7 +171,7 @@ def test_a_generation_without_a_seed_reports_the_one_it_drew():
     eng = engine(0)
     s = eng.config.sampling.model_copy(update=dict(temperature=0.8, seed=None))
     _, fin = run(eng, "sd", n=30, sampling=s)
-    seed = fin.stats["seed"]
+    seed = fin.stats.seed
     assert isinstance(seed, int)
     _, again = run(eng, "ar", n=30, sampling=s.model_copy(update=dict(seed=seed)))
     assert again.tokens == fin.tokens
@@ -207,13 +207,13 @@ def test_the_profile_decides_whether_the_draft_runs_beside_the_target():
     eng.profile, eng._profile_looked_up = profile([173 + 50 * i for i in range(7)], 1.05), True
     assert eng._threads_for("auto", eng.config).target.threads == 2
     _, fin = run(eng)
-    assert not fin.stats["auto"]["concurrent"]
+    assert not fin.stats.auto.concurrent
     # a device where the target hardly slows beside the draft (a GPU target, more cores): side by side
     eng.profile = profile([110 + 10 * i for i in range(7)], 1.02)
     cfg = eng._threads_for("auto", eng.config)
     assert (cfg.target.threads, cfg.draft.threads) == (1, 1)
     _, fin = run(eng)
-    assert fin.stats["auto"]["concurrent"]
+    assert fin.stats.auto.concurrent
 
 
 class _PaddedContext(FakeContext):
@@ -248,4 +248,4 @@ def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exa
     _, ref = run(eng, "ar", n=60, sampling=s)
     _, fin = run(eng, mode, n=60, sampling=s)
     assert fin.tokens == ref.tokens
-    assert fin.stats["drafted"] > 0 and fin.stats["accepted"] > 0
+    assert fin.stats.drafted > 0 and fin.stats.accepted > 0

@@ -66,10 +66,10 @@ def test_ssd_hits_when_draft_agrees_and_target_is_slow():
     # The target takes 20 ms a verify; the draft 1 ms a step: pre-speculation finishes in time.
     eng, _ = fake_engine(disagree_every=0, target_delay=0.02, draft_delay=0.001)
     out = run(eng, "ssd")
-    pre = out.stats["prespec"]
+    pre = out.stats.prespec
     assert out.tokens == run(eng, "ar").tokens
-    assert pre["hits"] >= 0.8 * pre["lookups"] and pre["lookups"] > 5
-    assert out.stats["speculators"].get("prespec", 0) >= pre["hits"]
+    assert pre.hits >= 0.8 * pre.lookups and pre.lookups > 5
+    assert out.stats.speculators.get("prespec", 0) >= pre.hits
 
 
 def test_ssd_partial_hit_reuses_prefix_when_verify_is_faster_than_the_branch():
@@ -77,7 +77,7 @@ def test_ssd_partial_hit_reuses_prefix_when_verify_is_faster_than_the_branch():
     eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
     out = run(eng, "ssd", n=40)
     assert out.tokens == run(eng, "ar", n=40).tokens
-    assert out.stats["prespec"]["partial_hits"] > 0
+    assert out.stats.prespec.partial_hits > 0
 
 
 def test_branch_cells_never_exceed_the_budget():
@@ -97,7 +97,7 @@ def test_branch_cells_never_exceed_the_budget():
     assert out.tokens == run(eng, "ar").tokens
     assert max(seen) <= budget
     assert max(seen) > 0  # branches were really made
-    assert out.stats["prespec"]["branch_cells_peak"] <= budget
+    assert out.stats.prespec.branch_cells_peak <= budget
 
 
 def test_cache_key_is_accepted_count_and_emitted_token():
@@ -136,7 +136,7 @@ def test_backup_speculator_serves_rounds_on_a_repetitive_history():
     prompt = [1, 2, 3, 4] * 6
     out = eng.complete(tokens=prompt, max_tokens=40, mode="ssd")
     assert out.tokens == eng.complete(tokens=prompt, max_tokens=40, mode="ar").tokens
-    assert out.stats["speculators"].get("ngram", 0) > 0
+    assert out.stats.speculators.get("ngram", 0) > 0
 
 
 def in_target_support(tokens, prompt, s) -> list[int]:
@@ -162,7 +162,7 @@ def test_ssd_sampled_runs_and_stays_in_the_target_support():
         out = eng.complete(tokens=PROMPT, max_tokens=40, mode=mode, sampling=s)
         assert len(out.tokens) == 40
         assert in_target_support(out.tokens, PROMPT, s) == [], mode
-        assert out.stats["drafted"] > out.stats["accepted"] > 0, out.stats  # drafts were accepted and rejected
+        assert out.stats.drafted > out.stats.accepted > 0, out.stats  # drafts were accepted and rejected
 
 
 def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeypatch):
@@ -175,12 +175,12 @@ def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeyp
     eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
     out = run(eng, "ssd", n=30)
     assert out.tokens == run(eng, "ar", n=30).tokens
-    assert out.stats["prespec"]["partial_hits"] > 0 and out.stats["speculators"].get("none", 0) > 0
+    assert out.stats.prespec.partial_hits > 0 and out.stats.speculators.get("none", 0) > 0
     s = SamplingConfig(temperature=0.8, seed=3)
     sampled = eng.complete(tokens=PROMPT, max_tokens=30, mode="ssd", sampling=s)
     assert len(sampled.tokens) == 30 and in_target_support(sampled.tokens, PROMPT, s) == []
-    pre = sampled.stats["prespec"]
-    assert pre["partial_hits"] > 0 and sampled.stats["speculators"].get("none", 0) > 0, sampled.stats
+    pre = sampled.stats.prespec
+    assert pre.partial_hits > 0 and sampled.stats.speculators.get("none", 0) > 0, sampled.stats
 
 
 def test_cancel_stops_ssd_and_leaves_no_thread():
@@ -215,7 +215,7 @@ def test_low_priority_branches_are_preempted_when_the_verify_result_arrives():
     out = run(eng, "ssd", n=40)
     assert out.tokens == run(eng, "ar", n=40).tokens
     assert draft_ctx.aborted > 0
-    assert out.stats["prespec"]["hits"] > 0
+    assert out.stats.prespec.hits > 0
 
 
 def test_threads_follow_the_mode_unless_pinned():

@@ -6,12 +6,15 @@ is in tests/real/test_bench_real.py)."""
 from __future__ import annotations
 
 import json
+import re
 import stat
+import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from ssd_edge import backend, bench, bench_peer, bench_report
+from ssd_edge import backend, bench, bench_peer, bench_report, cli
 from ssd_edge.bench import BenchResult, PeerRecord, RunRecord
 from ssd_edge.errors import ConfigError
 
@@ -222,28 +225,42 @@ def test_peer_runs_a_binary_and_reports_its_failure(tmp_path):
                        temperature=0.0, seed=0, n_ctx=512)
 
 
-# ---------------------------------------------------------------- CLI
+# ---------------------------------------------------------------- CLI (through `ssd-edge bench`, cli.py)
 
-def test_cli_rejects_bad_values_with_a_one_line_error(capsys):
-    assert bench.cli_main(["--max-tokens", "0"]) == 2
-    assert "max-tokens" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:
-        bench.cli_main(["--modes", "ar,fast"])
-    assert e.value.code == 2
+def ssd_edge(args: list[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `ssd-edge ARGS`; neither stream is a terminal."""
+    with CliRunner().isolation() as (out, err, _):
+        code = cli.run(args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return code, out.getvalue().decode(), err.getvalue().decode()
 
 
-def test_help_is_truthful_about_outputs(capsys):
-    with pytest.raises(SystemExit):
-        bench.cli_main(["--help"])
-    out = capsys.readouterr().out
+@pytest.fixture
+def pair(tmp_path, monkeypatch) -> list[str]:
+    """-m/-md flags naming two GGUF-looking files; no compiled llama.cpp needed for machine_info."""
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"GGUF" + b"\0" * 12)
+    d.write_bytes(b"GGUF" + b"\0" * 8)
+    monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")
+    return ["-m", str(t), "-md", str(d)]
+
+
+def test_cli_rejects_bad_values_with_a_one_line_error(pair):
+    code, _, err = ssd_edge(["bench", *pair, "-n", "0"])
+    assert code == 2 and err.strip() == "error: -n/--n-predict must be at least 1"
+    code, _, err = ssd_edge(["bench", *pair, "--modes", "ar,fast"])
+    assert code == 2 and "unknown fast" in err
+
+
+def test_help_is_truthful_about_outputs():
+    code, out, _ = ssd_edge(["bench", "--help"])
+    assert code == 0
     for word in ("bench.json", "--quick", "--llama-tools", "--temp", "separate", "shared"):
         assert word in out
 
 
-def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, capsys):
-    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    t.write_bytes(b"GGUF" + b"\0" * 12)
-    d.write_bytes(b"GGUF" + b"\0" * 8)
+def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, pair):
     done = fake_runs()[:3]
 
     def interrupted_run(self, tick, calibrating):
@@ -251,10 +268,32 @@ def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, capsy
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench.Bench, "run", interrupted_run)
-    monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")  # no compiled library needed
-    code = bench.cli_main(["-m", str(t), "-md", str(d), "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
+    code, _, err = ssd_edge(["bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
     assert code == 130
     result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
     assert result.interrupted and result.runs == done
+    assert result.command == ["ssd-edge", "bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")]
     assert "INTERRUPTED" in (tmp_path / "out" / "bench.md").read_text()
-    assert "partial results" in capsys.readouterr().err
+    assert "partial results" in err
+
+
+def test_progress_is_plain_lines_on_stderr_when_it_is_not_a_terminal(tmp_path, monkeypatch, pair):
+    def two_units(self, tick, calibrating):
+        calibrating("target step costs, 1 thread", 0.25)
+        calibrating("done", 1.0)
+        for what in ("separate: warm-up", "separate: ar · p1"):
+            tick(what)
+            tick("")
+        self.records.extend(fake_runs()[:1])
+
+    monkeypatch.setattr(bench.Bench, "run", two_units)
+    code, out, err = ssd_edge(["bench", *pair, "--no-peer", "--no-plot", "--modes", "ar", "--settings", "separate",
+                               "--category", "code", "-o", str(tmp_path / "out")])
+    assert code == 0, err
+    total = 1 + sum(p.category == "code" for p in bench.load_prompts())  # the warm-up, then ar on each code prompt
+    lines = [ln for ln in err.splitlines() if ln.startswith("[")]
+    assert re.fullmatch(r"\[25% 0:00:0\d\] calibrating: target step costs, 1 thread", lines[0]), lines
+    assert re.fullmatch(rf"\[1/{total} 0:00:0\d\] separate: warm-up", lines[1]), lines
+    assert re.fullmatch(rf"\[2/{total} 0:00:0\d\] separate: ar · p1", lines[2]), lines
+    assert len(lines) == 3  # "done" (at 100%) is not announced; the tables go to stdout
+    assert "| separate |" in out and "\x1b[" not in err  # no bar, no cursor movement in a log

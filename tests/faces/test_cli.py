@@ -1,7 +1,7 @@
 """The command line, offline: every bad input gets one line on stderr and its exit
 code (no traceback unless --debug); `models pull` against a tiny fake catalog
 (real catalog.pull, fake package download); generate/chat plumbing with the fake
-engine of test_chat; bench/calibrate/tui wiring. Runs `cli.run`, the function
+engine of test_chat; bench/calibrate/tui wiring, and progress lines when stderr is not a terminal. Runs `cli.run`, the function
 behind the console script, with stdin/stdout/stderr swapped by typer's CliRunner."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import errno
 import functools
 import hashlib
+import io
 import json
 import os
+import re
 import signal
 import sys
 import types
@@ -19,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ssd_edge import catalog, cli, settings
 from ssd_edge.catalog import Catalog, CatalogModel, PartSpec
 from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
+from ssd_edge.progress import Progress
 from test_chat import REPLY, one_word_engine
 
 
@@ -41,10 +45,7 @@ def run(args: list[str], input: str | bytes | None = None, tty: bool = False) ->
     with CliRunner().isolation(input=input) as (out, err, _):
         if tty:
             sys.stdin.isatty = lambda: True  # type: ignore[method-assign]
-        try:
-            code = cli.run(args)
-        except SystemExit as e:  # argparse in bench/calibrate
-            code = e.code if isinstance(e.code, int) else 1
+        code = cli.run(args)
         sys.stdout.flush()
         sys.stderr.flush()
         return code, out.getvalue().decode(), err.getvalue().decode()
@@ -155,7 +156,7 @@ def test_catalog_model_not_pulled(tmp_path):
     (["--temp", "-1"], "error: invalid --temp -1.0: must be at least 0"),
     (["--top-p", "0"], "error: invalid --top-p 0.0: must be greater than 0"),
     (["--top-p", "1.5"], "error: invalid --top-p 1.5: must be at most 1"),
-    (["--draft-max", "0"], "error: invalid --draft-max 0: must be at least 1"),
+    (["--draft-max", "0"], "error: invalid -k/--draft-max 0: must be at least 1"),
     (["--mode", "turbo"], "error: invalid --mode 'turbo': choose one of ar, sd, lookup, ssd, auto"),
     (["-n", "0"], "error: invalid -n/--n-predict 0: must be at least 1, or -1 for no limit"),
     (["--no-draft", "--mode", "ssd"], "error: --mode ssd needs a draft model, and --no-draft was given"),
@@ -289,7 +290,8 @@ def test_chat_command_invalid_utf8(fake_engine):
 
 def test_tui_gets_the_config_and_models_dir(monkeypatch, tmp_path):
     calls: list[Any] = []
-    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(run_app=lambda c, d, calibrate: calls.append((c, d, calibrate))))
+    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(
+        run_app=lambda c, d, calibrate, max_tokens: calls.append((c, d, calibrate))))
     code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"])
     assert code == 0
     cfg, models_dir, calibrate = calls[0]
@@ -307,16 +309,132 @@ def test_tui_missing_is_a_clear_error(monkeypatch):
     assert code == 1 and "the terminal app is not available" in one_error(err)
 
 
-@pytest.mark.parametrize("command", ["bench", "calibrate"])
-def test_bench_and_calibrate_get_every_argument(monkeypatch, command):
-    seen: list[list[str]] = []
+@pytest.mark.parametrize("command,flags", [
+    ("bench", ("-n", "--n-predict", "-k", "--draft-max", "-m", "-md", "--models-dir", "-c", "--temp", "--seed",
+               "--quick", "--modes", "--settings", "--llama-tools", "--peer-k", "--no-calibrate", "bench.json",
+               "separate", "shared", "--debug")),
+    ("calibrate", ("-n", "--n-predict", "-m", "-md", "--k-max", "--reps", "--quick", "--show", "--json", "--debug")),
+])
+def test_bench_and_calibrate_help_comes_from_typer(command, flags):
+    code, out, err = run([command, "--help"])
+    assert code == 0 and err == ""
+    assert f"Usage: ssd-edge {command} [OPTIONS]" in out
+    for flag in flags:
+        assert flag in out, flag
+    assert "--max-tokens" not in out and "--probe-tokens" not in out  # the old names work, unlisted
+    assert "Settings come from these flags only" in out
 
-    def cli_main(argv: list[str]) -> int:
-        seen.append(argv)
-        return 3
-    monkeypatch.setitem(sys.modules, f"ssd_edge.{command}", types.SimpleNamespace(cli_main=cli_main))
-    code, _, _ = run([command, "--help", "-m", "x.gguf", "--quick", "-n", "8"])
-    assert code == 3 and seen == [["--help", "-m", "x.gguf", "--quick", "-n", "8"]]
+
+@pytest.fixture
+def bench_args(monkeypatch) -> list[Any]:
+    """The BenchArgs each `ssd-edge bench` call would run with."""
+    seen: list[Any] = []
+    monkeypatch.setattr(cli, "run_bench", lambda args: seen.append(args) or 0)
+    return seen
+
+
+def test_bench_flags_reach_its_arguments(bench_args):
+    code, _, err = run(["bench", "-m", "t.gguf", "-md", "d.gguf", "--modes", "sd,auto", "--settings", "shared",
+                        "--category", "code,prose", "-k", "4", "-c", "1024", "--temp", "0.5", "--seed", "7",
+                        "--reps", "2", "--peer-k", "2,5", "--quick", "--no-peer", "--no-calibrate", "-v", "-o", "out"])
+    assert code == 0, err
+    a = bench_args[0]
+    assert (a.model, a.model_draft, a.modes, a.settings, a.category) == \
+        ("t.gguf", "d.gguf", ("sd", "auto"), ("shared",), ("code", "prose"))
+    assert (a.k, a.ctx_size, a.temp, a.seed, a.reps, a.peer_k, a.max_tokens) == (4, 1024, 0.5, 7, 2, (2, 5), 128)
+    assert a.quick and a.no_peer and a.no_calibrate and a.verbose and a.output == "out" and not a.recalibrate
+    assert a.argv[:4] == ("-m", "t.gguf", "-md", "d.gguf") and a.argv[-2:] == ("-o", "out")  # for bench.json
+    run(["bench"])
+    d = bench_args[1]  # the defaults of the old parser
+    assert (d.modes, d.settings, d.k, d.ctx_size, d.temp, d.seed, d.max_tokens, d.output) == \
+        (("ar", "sd", "lookup", "ssd", "auto"), ("separate", "shared"), 3, 2048, 0.0, 0, 128, "bench-out")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--modes", "ar,fast"], "error: --modes: unknown fast (choose from ar, sd, lookup, ssd, auto)"),
+    (["--peer-k", "2,x"], "error: --peer-k: expected comma-separated integers, got '2,x'"),
+    (["-n", "8", "--max-tokens", "9"], "error: -n/--n-predict and --max-tokens are the same setting; give one"),
+])
+def test_bench_bad_flags_are_one_line_exit_2(bench_args, args, message):
+    code, _, err = run(["bench", *args])
+    assert code == 2 and one_error(err) == message and bench_args == []
+
+
+def test_n_means_tokens_per_generation_in_every_command(monkeypatch, bench_args, fake_engine, tmp_path):
+    for args in (["-n", "8"], ["--n-predict", "9"], ["--max-tokens", "10"]):  # --max-tokens: bench's old name
+        assert run(["bench", *args])[0] == 0
+    assert [a.max_tokens for a in bench_args] == [8, 9, 10]
+
+    import ssd_edge.calibrate as calibrate
+    probes: list[int] = []
+    monkeypatch.setattr(calibrate, "main", lambda *a, probe_tokens, **kw: probes.append(probe_tokens) or 0)
+    for args in (["-n", "12"], ["--probe-tokens", "13"], []):  # --probe-tokens: calibrate's old name
+        assert run(["calibrate", *args])[0] == 0
+    assert probes == [12, 13, 48]
+
+    code, out, _ = run(["generate", "Explain speculation", "-n", "3", "--json", "-q"])
+    assert code == 0 and len(json.loads(out)["tokens"]) == 3
+
+    tui_calls: list[int] = []
+    monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(
+        run_app=lambda c, d, calibrate, max_tokens: tui_calls.append(max_tokens)))
+    assert run(["tui", "-n", "5"])[0] == 0 and run(["tui"])[0] == 0
+    assert tui_calls == [5, 512]
+
+    import ssd_edge.server.runner as runner
+    limits: list[Any] = []
+    monkeypatch.setattr(runner, "serve", lambda s, *a: limits.append(s["n_predict"]) or 0)
+    assert run(["serve", "-n", "6"])[0] == 0 and limits == [6]
+
+    code, out, _ = run(["chat", "-n", "2"], input="Hello\n")
+    assert code == 0 and REPLY.split(" ")[0] in out and REPLY not in out  # two words of the reply, not all
+
+
+# ---------------------------------------------------------------- progress of long commands
+
+def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
+    for terminal in (True, False):
+        f = io.StringIO()
+        with Progress(Console(file=f, force_terminal=terminal, width=100)) as progress:
+            units = progress.task("loading", total=3)
+            units.begin("first prompt")
+            units.done()
+            units.begin("second prompt")
+            frac = progress.task("calibrating")
+            frac.at("step costs", 0.5)
+            frac.at("step costs", 0.6)   # the same step: no new line
+            frac.at("probe", 0.9)
+        lines = re.findall(r"\[[^\]]*\d:\d\d:\d\d\] .*", f.getvalue())
+        if terminal:
+            assert lines == [] and "\x1b[" in f.getvalue()  # redrawn in place
+        else:
+            assert [ln.split("] ", 1) for ln in lines] == [
+                [lines[0].split("] ")[0], "first prompt"], [lines[1].split("] ")[0], "second prompt"],
+                [lines[2].split("] ")[0], "step costs"], [lines[3].split("] ")[0], "probe"]]
+            assert [ln.split(" ")[0] for ln in lines] == ["[1/3", "[2/3", "[50%", "[90%"]
+            assert "\x1b[" not in f.getvalue()
+
+
+def test_calibrate_reports_plain_progress_lines_when_piped(monkeypatch, tmp_path):
+    import ssd_edge.calibrate as calibrate
+
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"GGUF" + b"\0" * 12)
+    d.write_bytes(b"GGUF" + b"\0" * 8)
+    closed: list[bool] = []
+    monkeypatch.setattr(calibrate, "Engine", lambda cfg: types.SimpleNamespace(close=lambda: closed.append(True)))
+
+    def measure(engine, *, progress, **kw):
+        progress("target step costs, 1 thread", 0.0)
+        progress("running both at once, 1+1 threads", 0.5)
+        raise KeyboardInterrupt  # Ctrl-C part way: nothing saved
+    monkeypatch.setattr(calibrate, "measure", measure)
+    code, _, err = run(["calibrate", "-m", str(t), "-md", str(d)])
+    assert code == 130 and closed == [True]
+    lines = err.splitlines()
+    assert re.fullmatch(r"\[0% 0:00:\d\d\] target step costs, 1 thread", lines[0]), err
+    assert re.fullmatch(r"\[50% 0:00:\d\d\] running both at once, 1\+1 threads", lines[1]), err
+    assert lines[2:] == ["calibration interrupted; no profile saved"]
 
 
 # ---------------------------------------------------------------- models (tiny fake catalog)
@@ -449,6 +567,30 @@ def test_models_list(index, tmp_path):
     (tmp_path / "tiny-b.gguf").write_bytes(b"GGUF")
     _, out, _ = run(["models", "list", "--models-dir", str(tmp_path)])
     assert "wrong size (4 of 704 bytes)" in out
+
+
+def test_models_list_json_is_one_document(index, tmp_path):
+    run(["models", "pull", "tiny-a", "--models-dir", str(tmp_path)])
+    (tmp_path / "tiny-b.gguf").write_bytes(b"GGUF")
+    code, out, err = run(["models", "list", "--json", "--models-dir", str(tmp_path)])
+    assert code == 0 and err == ""
+    data = json.loads(out)
+    assert data["models_dir"] == str(tmp_path)
+    a, b = data["models"]
+    assert (a["name"], a["role"], a["default"], a["derived"], a["present"], a["problem"]) == \
+        ("tiny-a", "target", True, False, True, None)
+    assert a["size"] == 5004 and a["path"] == str(tmp_path / "tiny-a.gguf") and a["file"] == "tiny-a.gguf"
+    assert (b["name"], b["present"], b["problem"]) == ("tiny-b", False, "wrong size (4 of 704 bytes)")
+
+
+def test_models_list_piped_keeps_each_row_on_one_line(index, tmp_path):
+    deep = tmp_path / ("a-folder-name-long-enough-to-push-the-table-past-eighty-columns" * 2)
+    run(["models", "pull", "tiny-a", "--models-dir", str(deep)])
+    code, out, _ = run(["models", "list", "--models-dir", str(deep)])
+    assert code == 0
+    assert f"models in {deep}" in out.splitlines()[0]  # the title is not folded
+    rows = [line for line in out.splitlines() if "tiny-" in line]
+    assert len(rows) == 2 and "tiny-a.gguf" in rows[0] and "tiny-b.gguf" in rows[1]
 
 
 def test_models_dir_from_the_environment(index, tmp_path, monkeypatch):

@@ -105,7 +105,7 @@ def test_seed_minus_one_is_random_and_n_predict():
     ({"top_p": 0.0}, "invalid --top-p 0.0: must be greater than 0"),
     ({"top_p": 1.5}, "invalid --top-p 1.5: must be at most 1"),
     ({"min_p": 1.0}, "invalid --min-p 1.0: must be less than 1"),
-    ({"draft_max": 0}, "invalid --draft-max 0: must be at least 1"),
+    ({"draft_max": 0}, "invalid -k/--draft-max 0: must be at least 1"),
     ({"top_k": -3}, "invalid --top-k -3: must be at least 0"),
     ({"threads": 0}, "invalid -t/--threads 0: must be at least 1"),
     ({"ctx_size": 10}, "invalid -c/--ctx-size 10: must be at least 64"),

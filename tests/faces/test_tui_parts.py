@@ -3,6 +3,7 @@ the provenance segmenter, the panel's figures. Offline and fast."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -104,29 +105,39 @@ def test_live_model_rates_and_latency_by_outcome():
     live.observe(_round(1, "miss", 300.0), 2, _live(hit_rate=0.5))  # 150 ms/token on a miss
     assert live.rate_now == 1e3 * 6 / 400
     assert live.latency_ms("hit") == 25.0 and live.latency_ms("miss") == 150.0
-    live.finish({"tokens_per_s": 9.0, "latency_ms_p50": 60.0, "prespec": {"latency_ms_hit_p50": 24.0}})
+    empty = Meter("ssd", 4, 64).summary()
+    live.finish(dataclasses.replace(empty, tokens_per_s=9.0, latency_ms_p50=60.0,
+                                    prespec=dataclasses.replace(empty.prespec, latency_ms_hit_p50=24.0)))
     assert live.latency_ms("hit") == 24.0 and live.latency_ms("miss") is None and live.average_rate() == 9.0
     assert len(live.rates) == 2  # the sparkline keeps its history across generations
 
 
 def test_finish_note_names_unusual_stops():
-    stats = {"tokens": 5, "tokens_per_s": 2.0, "mode": "sd", "acceptance_rate": 0.5}
+    empty = Meter("sd", 3).summary()
+    stats = dataclasses.replace(empty, tokens=5, tokens_per_s=2.0, acceptance_rate=0.5)
     assert finish_note("eos", stats, None) == "5 tokens · 2.0 tok/s · sd · acceptance 50%"
     assert finish_note("cancelled", stats, None).startswith("stopped · 5 tokens")
-    one_round = {"tokens": 2, "rounds": 1, "tokens_per_s": 1925.0, "end_to_end_tokens_per_s": 4.0, "mode": "sd"}
-    assert finish_note("eos", one_round, None) == "2 tokens · 4.0 tok/s · sd"  # not the engine's 1925 tok/s
-    assert finish_note("context", {}, "the context of 64 tokens is full") == \
+    assert finish_note("context", empty, "the context of 64 tokens is full") == \
         "context full · the context of 64 tokens is full"
 
 
-def test_fake_engine_stats_use_the_real_meter_keys():
-    """The fake's FinishEvent.stats must not drift from what Meter.summary() really reports."""
+def test_finish_note_of_a_one_round_reply_shows_its_end_to_end_rate():
+    meter = Meter("sd", 3)
+    meter.first_token()
+    meter.record(Round(0, "sd", "draft", None, 3, 1, 500.0, 400.0, 0.0), 2)
+    stats = meter.summary()
+    assert stats.rounds == 1 and stats.tokens_per_s == stats.end_to_end_tokens_per_s  # not 2 tokens over ~0 s
+    assert finish_note("eos", stats, None) == f"2 tokens · {stats.end_to_end_tokens_per_s:.1f} tok/s · sd · acceptance 33%"
+
+
+def test_fake_engine_stats_are_the_real_meters():
+    """The fake's FinishEvent.stats is a meter's Stats: the same JSON keys as the engine's."""
     real = Meter("ssd", 4, 64).summary()
     fake = next(e for e in ScriptedEngine(EngineConfig.build(target=dict(path="t"), draft=dict(path="d")))
                 .generate(messages=[]) if isinstance(e, FinishEvent)).stats
-    assert set(fake) <= set(real)
-    assert set(fake["prespec"]) <= set(real["prespec"])
-    json.dumps(fake)
+    assert set(fake.to_dict()) == set(real.to_dict())
+    assert set(fake.to_dict()["prespec"]) == set(real.to_dict()["prespec"])
+    assert json.loads(json.dumps(fake.to_dict()))["tokens"] == fake.tokens > 0
 
 
 def test_logs_go_to_a_file_while_the_app_runs(tmp_path, monkeypatch):

@@ -1,18 +1,31 @@
-"""A tiny real benchmark on the small pair writes a bench.json that validates."""
+"""A tiny real benchmark on the small pair, through `ssd-edge bench` with stderr
+not a terminal (a log): it reports each step as a line while it runs, and
+writes a bench.json that validates."""
 
 from __future__ import annotations
 
-from ssd_edge import bench
+import re
+import sys
+
+from typer.testing import CliRunner
+
+from ssd_edge import cli
 from ssd_edge.bench import BenchResult
 
 
 def test_tiny_real_bench_on_the_small_pair_writes_valid_json(small_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))  # no profile: auto without calibration
     target, draft = small_pair
-    code = bench.cli_main(["-m", str(target), "-md", str(draft), "--quick", "--modes", "ar,sd,ssd,auto",
-                           "--settings", "separate", "--category", "code,code-edit", "-n", "8", "--no-peer",
-                           "--no-calibrate", "--no-plot", "-o", str(tmp_path / "out")])
-    assert code == 0
+    with CliRunner().isolation() as (_, err, _):
+        code = cli.run(["bench", "-m", str(target), "-md", str(draft), "--quick", "--modes", "ar,sd,ssd,auto",
+                        "--settings", "separate", "--category", "code,code-edit", "-n", "8", "--no-peer",
+                        "--no-calibrate", "--no-plot", "-o", str(tmp_path / "out")])
+        sys.stderr.flush()
+        log = err.getvalue().decode()
+    assert code == 0, log
+    steps = re.findall(r"^\[(\d+)/(\d+) \d+:\d\d:\d\d\] (.*)$", log, re.M)
+    assert [int(i) for i, _, _ in steps] == list(range(1, 1 + 1 + 4 * 2))  # warm-up, then 4 modes x 2 prompts
+    assert steps[0][2] == "separate: warm-up" and all(total == "9" for _, total, _ in steps)
     result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
     assert {r.mode for r in result.runs} == {"ar", "sd", "ssd", "auto"}
     assert len(result.runs) == 4 * 2

@@ -35,7 +35,7 @@ def test_calibration_measures_saves_and_auto_uses_it(small_pair, tmp_path, monke
             assert fresh.auto_profile() == prof
             evs = list(fresh.generate("def add(a, b):", max_tokens=12))
             fin = evs[-1]
-            assert isinstance(fin, FinishEvent) and fin.stats["mode"] == "auto" and "auto" in fin.stats
+            assert isinstance(fin, FinishEvent) and fin.stats.mode == "auto" and fin.stats.auto is not None
             assert (fresh.target_ctx.threads, fresh.draft_ctx.threads) == (1, 1)  # auto is capped by the config
         finally:
             fresh.close()

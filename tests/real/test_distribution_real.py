@@ -156,9 +156,9 @@ def test_every_mode_commits_ars_draws_end_to_end(small_engine, e2e_reference, ar
             c = small_engine.complete(tokens=ids, max_tokens=3, mode=mode, sampling=sampling(temperature, seed))
             assert c.tokens == want[seed], (seed, c.tokens, want[seed])
             if mode == "auto":
-                assert c.stats["auto"]["concurrent"], "auto did not run the pre-speculation worker"
-            drafted += c.stats["drafted"]
-            accepted += c.stats["accepted"]
+                assert c.stats.auto.concurrent, "auto did not run the pre-speculation worker"
+            drafted += c.stats.drafted
+            accepted += c.stats.accepted
     finally:
         small_engine.configure(saguaro_factor=loaded, plan_rounds=True)
     print(f"t={temperature} {mode} saguaro={saguaro}: drafted {drafted}, accepted {accepted}")

@@ -37,9 +37,9 @@ def test_event_stream_invariants(small_engine, mode):
         assert set(e.provenance) <= {"target", "draft", "prespec", "ngram"}
         assert e.provenance[-1] == "target" or len(fin.tokens) == e.live.tokens  # last is the target's, unless cut
     assert [e.round.index for e in toks] == list(range(len(toks)))
-    assert fin.stats["tokens"] == 40 and fin.stats["mode"] == mode
+    assert fin.stats.tokens == 40 and fin.stats.mode == mode
     if mode != "ar":
-        assert fin.stats["drafted"] > 0  # speculation really ran
+        assert fin.stats.drafted > 0  # speculation really ran
         assert any(p != "target" for e in toks for p in e.provenance)
 
 
@@ -118,7 +118,7 @@ def test_draft_modes_need_a_draft(small_pair):
             eng.configure(mode="sd")
         assert eng.resolve_mode("auto") == "auto"  # without a draft, auto plans plain steps and n-grams
         fin = eng.complete("1, 2, 3, 4, 5, 6,", max_tokens=12, mode="auto")
-        assert fin.stats["mode"] == "auto" and set(fin.stats["speculators"]) <= {"none", "ngram"}
+        assert fin.stats.mode == "auto" and set(fin.stats.speculators) <= {"none", "ngram"}
     finally:
         eng.close()
 

@@ -19,6 +19,7 @@ from lossless_check import (FULL, FULL_MAX_NEW, MODES, Plan, Run, ar_runs_for, c
                             diagnose, first_difference, generate, replay, report_ties)
 from prompts import PROMPTS, Prompt
 from ssd_edge.config import SamplingConfig
+from ssd_edge.events import PrespecStats
 
 # Every mode on every prompt, at half the release length: the draft (28 of the target's 30 blocks) costs
 # nearly a target step per token, so sd and ssd took 130-140 s each at 128 tokens on a loaded 2-core machine.
@@ -133,11 +134,11 @@ def test_sampled_lossless_small_pair(small_engine, sampled_ar, mode, temperature
                 run = generate(engine, ar.prompt, mode, SAMPLED_NEW, sampled(temperature, seed))
                 assert run.out == ar.out, (f"{mode} on {p.name}, t={temperature}, seed {seed}: not ar's tokens "
                                            f"from position {first_difference(ar, run)}")
-                assert run.stats["seed"] == seed
+                assert run.stats.seed == seed
                 if mode == "auto":
-                    assert run.stats["auto"]["concurrent"], "auto did not run the pre-speculation worker"
-                drafted += run.stats["drafted"]
-                accepted += run.stats["accepted"]
+                    assert run.stats.auto.concurrent, "auto did not run the pre-speculation worker"
+                drafted += run.stats.drafted
+                accepted += run.stats.accepted
                 for kind in run.provenance:
                     provenance[kind] = provenance.get(kind, 0) + 1
             # really sampled: the seeds give different answers
@@ -167,7 +168,7 @@ def test_sampled_runs_repeat_under_load(small_engine, sampled_ar):
     ref = generate(engine, ids, "ar", 32, s).out
     modes = [("ssd", {"plan_rounds": False}), ("auto", {})]
 
-    def runs() -> list[tuple[list[int], dict]]:
+    def runs() -> list[tuple[list[int], PrespecStats]]:
         out = []
         for mode, conf in modes:
             old = {key: getattr(engine.config.prespec, key) for key in conf}
@@ -176,7 +177,7 @@ def test_sampled_runs_repeat_under_load(small_engine, sampled_ar):
                 r = generate(engine, ids, mode, 32, s)
             finally:
                 engine.configure(**old)
-            out.append((r.out, r.stats["prespec"]))
+            out.append((r.out, r.stats.prespec))
         return out
 
     quiet = runs()
@@ -203,10 +204,10 @@ def test_sampled_runs_repeat_under_load(small_engine, sampled_ar):
             t.join()
     for (mode, conf), *outs in zip(modes, quiet, loaded):
         print(mode, conf, "pre-speculation (quiet, loaded):",
-              [{key: o[1][key] for key in ("lookups", "hits", "partial_hits", "misses")} for o in outs])
+              [{key: getattr(o[1], key) for key in ("lookups", "hits", "partial_hits", "misses")} for o in outs])
         for tokens, _ in outs:
             assert tokens == ref, f"{mode} {conf}: a run gave other tokens than ar"
-    assert any(o[1]["lookups"] > 0 for o in quiet), "no pre-speculation lookups at all"
+    assert any(o[1].lookups > 0 for o in quiet), "no pre-speculation lookups at all"
 
 
 def teardown_module() -> None:

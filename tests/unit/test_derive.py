@@ -54,6 +54,6 @@ def test_derive_requantizes_a_pulled_model_and_it_drafts(small_pair, tmp_path):
     try:
         ar = eng.complete("The capital of France is", max_tokens=16, mode="ar")
         sd = eng.complete("The capital of France is", max_tokens=16, mode="sd")
-        assert sd.tokens == ar.tokens and sd.stats["accepted"] > 0
+        assert sd.tokens == ar.tokens and sd.stats.accepted > 0
     finally:
         eng.close()

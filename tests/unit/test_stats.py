@@ -1,0 +1,105 @@
+"""Stats, the typed record of one generation: built once by the meter, frozen,
+and serialized by to_dict() with exactly the keys that the JSON outputs
+(`generate --json`, bench.json, the server) carried when stats were a dict."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from ssd_edge.events import AutoStats, Round, Stats
+from ssd_edge.metrics import Meter, decode_rate
+
+# The keys of FinishEvent.stats before it was typed (Meter.summary()'s dict plus the engine's "seed" and,
+# in mode auto, "auto"): JSON consumers read these.
+OLD_KEYS = {
+    "mode", "prompt_tokens", "tokens", "rounds", "wall_s", "ttft_s", "tokens_per_s", "end_to_end_tokens_per_s",
+    "drafted", "accepted", "acceptance_rate", "mean_accepted_len", "per_position_acceptance", "draft_busy_s",
+    "target_busy_s", "draft_util", "target_util", "latency_ms_p50", "latency_ms_p95", "prespec", "speculators",
+    "seed",
+}
+OLD_PRESPEC_KEYS = {
+    "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
+    "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
+    "branch_cells_peak", "budget_cells", "branch_bytes_peak", "budget_bytes",
+}
+# What mode auto's strategy reports (planner.report() plus "concurrent"), as the engine passes it on.
+REPORT = {"decisions": {"plain": 3, "prepared": 2}, "draft_alpha": [0.7, 0.6], "draft_alpha_measured": [0.75, None],
+          "ngram_alpha": [0.3, 0.2], "step_ms": 40.0, "verify_ms": {1: 40.0, 2: 52.0, 3: 60.0},
+          "draft_step_ms": 9.0, "contention": 1.1, "prepared_hit_rate": 0.5, "rounds": [[0, "plain", 0]],
+          "concurrent": True}
+
+
+def ssd_meter() -> Meter:
+    """A meter that saw a prompt round, a pre-speculation hit and a miss."""
+    m = Meter("ssd", 3, budget_cells=64)
+    m.n_prompt, m.cell_bytes = 12, 1024
+    m.first_token()
+    m.record(Round(0, "ssd", "none", None, 0, 0, 300.0, 290.0, 0.0), 1)
+    m.record(Round(1, "ssd", "prespec", "hit", 3, 3, 100.0, 80.0, 0.0), 4)
+    m.record(Round(2, "ssd", "draft", "miss", 3, 1, 150.0, 80.0, 40.0), 2)
+    m.prepared_tokens, m.used_tokens = 6, 3
+    m.set_branch_cells(9)
+    return m
+
+
+def test_to_dict_has_exactly_the_old_keys():
+    stats = ssd_meter().summary(seed=7)
+    d = stats.to_dict()
+    assert set(d) == OLD_KEYS
+    assert set(d["prespec"]) == OLD_PRESPEC_KEYS
+    assert d["seed"] == 7 and d["prespec"]["hits"] == 1 and d["prespec"]["misses"] == 1
+    assert d["prespec"]["branch_bytes_peak"] == 9 * 1024 and d["prespec"]["waste"] == pytest.approx(0.5)
+    assert d["speculators"] == {"none": 1, "prespec": 1, "draft": 1}
+    assert d["per_position_acceptance"] == [1.0, 0.5, 0.5]  # position 0 accepted twice, 1 and 2 once, of 2
+    assert json.loads(json.dumps(d)) == d  # plain JSON all through
+
+
+def test_auto_adds_its_report_back_unchanged():
+    stats = ssd_meter().summary(auto=REPORT)
+    assert isinstance(stats.auto, AutoStats)
+    assert stats.auto.decisions == {"plain": 3, "prepared": 2} and stats.auto.concurrent
+    assert stats.auto.planner["draft_alpha_measured"] == [0.75, None]
+    d = stats.to_dict()
+    assert set(d) == OLD_KEYS | {"auto"}
+    assert d["auto"] == REPORT
+    assert json.loads(json.dumps(d))["auto"]["verify_ms"] == {"1": 40.0, "2": 52.0, "3": 60.0}  # as json.dumps had it
+
+
+def test_attributes_are_the_dict_values():
+    stats = ssd_meter().summary(seed=None)
+    d = stats.to_dict()
+    for f in dataclasses.fields(Stats):
+        if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto"):
+            assert d[f.name] == getattr(stats, f.name), f.name
+    assert stats.seed is None and stats.auto is None and stats.prespec.hit_rate == 0.5
+    assert stats.prespec.health == "fair"  # 0.5: not below HIT_RATE_POOR
+
+
+def test_stats_are_frozen():
+    stats = ssd_meter().summary(auto=REPORT)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.tokens = 0  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.prespec.hits = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        stats.speculators["none"] = 9  # type: ignore[index]
+    with pytest.raises(TypeError):
+        stats.auto.decisions["plain"] = 0  # type: ignore[index,union-attr]
+
+
+def test_decode_rate_leaves_out_the_first_round():
+    # 7 tokens in 2.0 s; the first round (1 token, with the prompt) took 0.5 s: 6 tokens in 1.5 s
+    assert decode_rate(7, 1, 2.0, 0.5) == pytest.approx(4.0)
+    # a reply that ended in its first round has only its end-to-end rate
+    assert decode_rate(3, 3, 0.6, 0.59) == pytest.approx(5.0)
+    assert decode_rate(0, 0, 0.1, None) == 0.0
+
+
+def test_meter_and_stats_agree_on_decode_time_and_rate():
+    stats = ssd_meter().summary()
+    assert stats.decode_s == pytest.approx(stats.wall_s - stats.ttft_s)
+    assert stats.tokens_per_s == pytest.approx(decode_rate(7, 1, stats.wall_s, stats.ttft_s))
+    assert stats.end_to_end_tokens_per_s == pytest.approx(7 / stats.wall_s)
