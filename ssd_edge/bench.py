@@ -396,7 +396,8 @@ class Bench:
 
     def config(self, s: Setting) -> EngineConfig:
         a = self.args
-        return EngineConfig.build(target=dict(path=str(self.target), threads=s.target_threads),
+        rpc = dict(rpc=a.rpc.split(","), n_gpu_layers=-1) if getattr(a, "rpc", None) else {}
+        return EngineConfig.build(target=dict(path=str(self.target), threads=s.target_threads, **rpc),
                                   draft=dict(path=str(self.draft), threads=s.draft_threads), n_ctx=a.ctx_size,
                                   mode="ar", spec=dict(k=a.k), sampling=dict(temperature=a.temp, seed=a.seed),
                                   verbose=a.verbose)
@@ -546,6 +547,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--recalibrate", action="store_true", help="calibrate again before the run even if a profile exists")
     ap.add_argument("--no-plot", action="store_true", help="skip bench.png")
     ap.add_argument("-v", "--verbose", action="store_true", help="let llama.cpp print its logs")
+    ap.add_argument("--rpc", default=None, help="HOST:PORT[,...]: the target's layers on these llama.cpp "
+                    "rpc-servers, the draft here (the llama.cpp peer column stays local: add --no-peer)")
     return ap
 
 

@@ -8,12 +8,14 @@
     ssd-edge serve                        an OpenAI-compatible server (chat, completions, /metrics)
     ssd-edge tui                          the full-screen app (also: ssd-edge with no command)
     ssd-edge bench ... | calibrate ...    measure; arguments go to those tools
+    ssd-edge rpc-server                   llama.cpp's rpc-server: this machine's CPU for another's --rpc
 
 Exit codes (SSDEdgeError.exit_code in errors.py):
     0 ok                    4 fetch error (network, package, checksum, disk full)
     1 other error           5 context full (prompt too long, or the answer cut off)
     2 bad usage or config   6 decode error (llama.cpp failed)
-    3 model error           130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
+    3 model error           7 rpc server unreachable or lost (--rpc)
+                            130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
                             141 output pipe closed
 
 Settings (settings.py): flags > SSD_EDGE_<NAME> environment variables > config
@@ -67,7 +69,7 @@ splits them only where the draft running beside the target pays (4 cores or more
 profile measured); on fewer the two models take turns, each with every core.
 
 [bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 4 fetch error · \
-5 context full · 6 decode error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
+5 context full · 6 decode error · 7 rpc server unreachable or lost · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
 
 app = typer.Typer(
     name="ssd-edge", help="Speculative speculative decoding (SSD) of GGUF models on edge devices.",
@@ -439,6 +441,47 @@ def _delegate(module: str, argv: list[str]) -> int:
                 raise
             raise SSDEdgeError(f"{module} is not part of this install") from None
         return int(mod.cli_main(list(argv)) or 0)
+
+
+@app.command("rpc-server")
+def rpc_server(
+    host: Annotated[str, typer.Option("-H", "--host", help="address to listen on; anything but a loopback "
+                                      "address lets other machines in, with no authentication")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("-p", "--port", help="port to listen on")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: rpc-server's, "
+                                                   "the cores)", show_default=False)] = None,
+    cache: Annotated[bool, typer.Option("-c", "--cache", help="keep received tensors in a local file cache "
+                                        "(faster reloads)")] = False,
+    device: Annotated[Optional[str], typer.Option("-d", "--device", help="comma-separated devices to expose "
+                                                  "(default: all)", show_default=False)] = None,
+    binary: Annotated[Optional[str], typer.Option("--binary", help="the rpc-server executable (default: "
+                                                  "$SSD_EDGE_RPC_SERVER, then what scripts/build_llama_tools.sh "
+                                                  "built, then PATH)", show_default=False)] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Start llama.cpp's rpc-server, so another machine's `ssd-edge ... --rpc THIS_HOST:PORT` runs its target here.
+
+    The RPC protocol has no authentication and no encryption: the server listens on 127.0.0.1 unless
+    --host says otherwise, and then warns. Ctrl-C stops it."""
+    from . import rpc
+
+    with reported({"debug": debug}):
+        exe = rpc.find_server(binary)
+        if exe is None:
+            where = f"{binary} is not an executable file" if binary else "no rpc-server found"
+            raise SSDEdgeError(f"{where}; build it with scripts/build_llama_tools.sh --rpc-server-only (or set "
+                               "SSD_EDGE_RPC_SERVER)")
+        argv = rpc.server_command(exe, host, port, threads, cache, device.split(",") if device else ())
+        warning = rpc.exposure_warning(host)
+        if warning:
+            _stderr().print(f"[yellow]warning:[/] {escape(warning)}")
+        log.debug("exec %s", " ".join(argv))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execv(argv[0], argv)  # the launcher steps aside: signals and the exit code are rpc-server's own
+        except OSError as e:
+            raise SSDEdgeError(f"cannot start {argv[0]}: {e.strerror}") from None
 
 
 # ---------------------------------------------------------------- models
