@@ -544,21 +544,27 @@ class Context:
                     b.seq_id[i][j] = sj
             b.logits[i] = i in want
         b.n_tokens = n
-        if self._rpc:
-            rc = _rpc.call("a decode", self._rpc, self._timeout_s, ll.llama_decode, self.ptr, b)
+        out = np.empty((len(logits_for), self.model.n_vocab), dtype=np.float32)
+        if self._rpc:  # llama_decode may return before the servers finish: the logits read waits on them too
+            rc = _rpc.call("a decode", self._rpc, self._timeout_s, self._decode_into, b, logits_for, out)
         else:
-            rc = ll.llama_decode(self.ptr, b)
+            rc = self._decode_into(b, logits_for, out)
         if rc == 2:
             raise Aborted()
         if rc == 1:
             raise ContextFullError(f"no KV cache slot for a batch of {n} tokens (context {self.n_ctx} full)")
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc} ({self.model.path.name})")
-        out = np.empty((len(logits_for), self.model.n_vocab), dtype=np.float32)
-        for r, i in enumerate(logits_for):
-            ptr = ll.llama_get_logits_ith(self.ptr, i)
-            out[r] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))  # copy: the view dies at next decode
         return out
+
+    def _decode_into(self, b: Any, logits_for: Sequence[int], out: np.ndarray) -> int:
+        """llama_decode, then the wanted logit rows copied into `out` (the first read synchronizes)."""
+        rc = ll.llama_decode(self.ptr, b)
+        if rc == 0:
+            for r, i in enumerate(logits_for):
+                ptr = ll.llama_get_logits_ith(self.ptr, i)
+                out[r] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))  # copy: the view dies at next decode
+        return rc
 
     # ------------------------------------------------------------ KV cache
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
