@@ -101,10 +101,15 @@ def server(rpc_server_binary):
 def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, server):
     rss_before = server.rss_mib()
     local = {m: small_engine.complete(PROMPT, max_tokens=24, mode=m).tokens for m in MODES}
-    with make_engine(small_pair, target=dict(rpc=[str(server.endpoint)], n_gpu_layers=-1)) as eng:
+    # -ngld -1 asks to offload the draft too: with no local GPU it must stay on this CPU, not go to the server
+    with make_engine(small_pair, target=dict(rpc=[str(server.endpoint)], n_gpu_layers=-1),
+                     draft=dict(n_gpu_layers=-1)) as eng:
         assert eng.target.info().gpu_layers == eng.target.n_layer + 1  # every layer and the output offloaded
-        # the weights went to the server: SmolLM2-135M's 98 MB show up in its memory
-        assert server.rss_mib() - rss_before > 60
+        assert eng.draft.info().gpu_layers == 0
+        # the target's weights went to the server (SmolLM2-135M: 98 MB), the draft's (92 MB) did not
+        grown = server.rss_mib() - rss_before
+        print(f"rpc-server memory grew by {grown:.0f} MiB")
+        assert 60 < grown < 150, grown
         for m in MODES:
             remote = eng.complete(PROMPT, max_tokens=24, mode=m)
             assert remote.tokens == local[m], m
