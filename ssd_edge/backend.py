@@ -312,10 +312,11 @@ class Model:
     """A loaded GGUF model."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0, verbose: bool = False,
-                 rpc: Sequence[str] = (), rpc_timeout_s: float = 60.0):
+                 rpc: Sequence[str] = (), rpc_timeout_s: float = 60.0, repack: bool = True):
         """rpc: endpoints of llama.cpp rpc-servers whose devices take this model's offloaded layers (the
         n_gpu_layers), ahead of any local GPU. A model without rpc never uses an RPC device, even after
-        another model registered one (the draft stays local)."""
+        another model registered one (the draft stays local). repack=False keeps the weights in llama.cpp's
+        plain CPU layout (no extra buffer types), as an rpc-server's CPU device holds them."""
         self.path = Path(path)
         check_gguf_file(self.path)  # before loading llama.cpp: a wrong path is named without the library
         self.endpoints = parse_endpoints(list(rpc))
@@ -327,6 +328,7 @@ class Model:
         init(verbose)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30
+        params.use_extra_bufts = repack
         devices = _model_devices(self.endpoints, rpc_timeout_s)
         if devices is not None:  # NULL-terminated; llama.cpp copies the list during the load
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
