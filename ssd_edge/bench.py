@@ -569,6 +569,8 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError("--peer-k values must be between 1 and 32")
     if "ar" not in args.modes:
         args.modes = ["ar", *args.modes]  # the baseline of every speedup
+    if args.rpc:
+        args.no_calibrate = True  # a profile prices a target on this device; one over --rpc is not
 
 
 def cli_main(argv: list[str]) -> int:

@@ -385,6 +385,9 @@ class Engine:
         """This device's calibration profile for the loaded pair (`ssd-edge calibrate`), or None."""
         if self.profile is None and not self._profile_looked_up:
             self._profile_looked_up = True
+            if self.config.target.rpc:  # profiles measure a target on this device, not one across a network
+                log.info("target on rpc servers: auto plans from what each generation measures")
+                return None
             from . import profile
             try:
                 self.profile = profile.load(self.target.path, self.draft.path if self.draft is not None else None)
