@@ -324,7 +324,8 @@ class Model:
         self.ptr = None
         self._closed = True
         for ep in self.endpoints:  # llama.cpp's client abort()s on a refused connection: find out first
-            probe(ep)
+            if ep not in _rpc.registered:  # (a registered one may hold our own connection: a probe would wait)
+                probe(ep)
         init(verbose)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30

@@ -29,6 +29,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from contextlib import contextmanager
@@ -478,8 +479,11 @@ def rpc_server(
         log.debug("exec %s", " ".join(argv))
         sys.stdout.flush()
         sys.stderr.flush()
+        # rpc-server writes with send(..., 0): a client gone mid-reply (killed, or a probe that gave up on a busy
+        # server) raises SIGPIPE, which would end the server. An ignored signal stays ignored across exec.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         try:
-            os.execv(argv[0], argv)  # the launcher steps aside: signals and the exit code are rpc-server's own
+            os.execv(argv[0], argv)  # the launcher steps aside: the other signals and the exit code are rpc-server's
         except OSError as e:
             raise SSDEdgeError(f"cannot start {argv[0]}: {e.strerror}") from None
 

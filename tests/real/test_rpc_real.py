@@ -63,12 +63,14 @@ def _free_port() -> int:
 
 
 class Server:
-    """A ggml-rpc-server on 127.0.0.1 with one thread; up once it answers the HELLO probe."""
+    """ggml-rpc-server on 127.0.0.1 with one thread, started as users do (`ssd-edge rpc-server`, which
+    exec()s it: the same pid); up once it answers the HELLO probe."""
 
     def __init__(self, binary: Path) -> None:
         self.endpoint = rpc.Endpoint("127.0.0.1", _free_port())
-        argv = rpc.server_command(binary, self.endpoint.host, self.endpoint.port, threads=1)
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "ssd_edge.cli", "rpc-server", "--binary", str(binary),
+                "--port", str(self.endpoint.port), "-t", "1"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -87,8 +89,6 @@ class Server:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
-        if self.proc.stdout:
-            self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -114,7 +114,31 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
             remote = eng.complete(PROMPT, max_tokens=24, mode=m)
             assert remote.tokens == local[m], m
             assert len(remote.tokens) == 24
+        # a second model on the same server while the first holds its one connection (a reload in the TUI)
+        from ssd_edge.backend import Model
+
+        t0 = time.monotonic()
+        Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
+        assert time.monotonic() - t0 < 2.5  # not the HELLO probe's 3 s wait on a busy server
     assert local["ar"] == local["sd"] == local["ssd"]  # and the modes agree among themselves
+
+
+def test_server_survives_a_client_gone_mid_reply(small_pair, server):
+    """rpc-server sends with send(..., 0): a client that leaves before its reply (here a probe that gave up
+    on the busy server) raises SIGPIPE in it. The launcher starts it with SIGPIPE ignored, so it lives."""
+    from ssd_edge.backend import Model
+
+    status = Path(f"/proc/{server.proc.pid}/status").read_text()
+    ignored = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
+    assert ignored & (1 << (signal.SIGPIPE - 1))
+    m = Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)])  # holds the server's one connection
+    try:
+        with pytest.raises(RPCError, match="did not answer within 0.5 s"):
+            rpc.probe(server.endpoint, timeout_s=0.5)
+    finally:
+        m.close()  # the server now answers the queued HELLO of a closed socket
+    rpc.probe(server.endpoint, timeout_s=5)
+    assert server.proc.poll() is None
 
 
 def test_wrong_port_is_an_error_naming_the_endpoint(small_pair):
