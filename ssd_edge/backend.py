@@ -261,6 +261,22 @@ class _RpcState:
 
         threading.Thread(target=run, name="ssd-edge-rpc-call", daemon=True).start()
         deadline = time.monotonic() + timeout_s
+        try:
+            self._wait(what, endpoints, timeout_s, done, deadline)
+        except RPCError:
+            raise
+        except BaseException as interrupt:  # Ctrl-C while waiting: the C call cannot be stopped, and a context
+            try:                            # must not be used from two threads: let it end (or be lost) first
+                self._wait(what, endpoints, timeout_s, done, deadline)
+            except RPCError:
+                pass
+            raise interrupt
+        if isinstance(box[0], BaseException):  # pragma: no cover
+            raise box[0]
+        return box[0]
+
+    def _wait(self, what: str, endpoints: Sequence[Endpoint], timeout_s: float, done: threading.Event,
+              deadline: float) -> None:
         while not done.wait(0.02):  # returns at once when the call ends; the poll only watches for a loss
             if self.lost_event.is_set():
                 raise RPCError(f"rpc server {_names(endpoints)} lost during {what} ({self.lost}); the models on it "
@@ -269,9 +285,6 @@ class _RpcState:
                 self.lose(f"no answer within {timeout_s:g} s")
                 raise RPCError(f"rpc server {_names(endpoints)} did not answer within {timeout_s:g} s during {what}"
                                "; the models on it cannot be used again in this process")
-        if isinstance(box[0], BaseException):  # pragma: no cover
-            raise box[0]
-        return box[0]
 
     def call_quietly(self, what: str, endpoints: Sequence[Endpoint], timeout_s: float, fn: Callable[..., Any],
                      *args: Any) -> None:

@@ -190,3 +190,62 @@ def test_find_server_prefers_explicit_then_env(tmp_path, monkeypatch):
     keyed.write_text("#!/bin/sh\n")
     keyed.chmod(0o755)
     assert rpc.find_server() == keyed  # what `build_llama_tools.sh --rpc-server-only` leaves
+
+
+# ---------------------------------------------------------------- the guard around calls that wait on a server
+
+def _state():
+    from ssd_edge.backend import _RpcState  # importing backend loads no library
+
+    return _RpcState()
+
+
+EP = [Endpoint("127.0.0.1", 50052)]
+
+
+def test_guarded_call_returns_the_result_at_once():
+    st = _state()
+    t0 = time.monotonic()
+    assert st.call("a decode", EP, 5.0, lambda a, b: a + b, 2, 3) == 5
+    assert time.monotonic() - t0 < 0.5 and st.lost is None
+
+
+def test_guarded_call_times_out_and_marks_rpc_lost():
+    st = _state()
+    with pytest.raises(RPCError, match=r"rpc server 127.0.0.1:50052 did not answer within 0.2 s during a decode"):
+        st.call("a decode", EP, 0.2, time.sleep, 2.0)
+    assert st.lost == "no answer within 0.2 s"
+    with pytest.raises(RPCError, match="RPC is unusable in this process"):  # and refuses what comes after
+        st.call("a decode", EP, 5.0, lambda: None)
+
+
+def test_guarded_call_ends_when_another_thread_reports_the_loss():
+    st = _state()
+    threading.Timer(0.1, st.lose, ["Remote RPC server crashed or returned malformed response"]).start()
+    t0 = time.monotonic()
+    with pytest.raises(RPCError, match=r"lost during a decode \(Remote RPC server crashed"):
+        st.call("a decode", EP, 30.0, time.sleep, 3.0)  # stands for a decode parked with its dispatcher
+    assert time.monotonic() - t0 < 2
+
+
+def test_interrupt_waits_for_the_call_to_end_before_it_propagates():
+    """Ctrl-C during a guarded call: the C call cannot be stopped and its context must not be used from two
+    threads, so KeyboardInterrupt comes out only once the call has ended."""
+    import signal
+
+    st = _state()
+    ended = []
+
+    def slow():
+        time.sleep(0.4)
+        ended.append(time.monotonic())
+
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            st.call("a decode", EP, 5.0, slow)
+        assert ended and time.monotonic() >= ended[0]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
