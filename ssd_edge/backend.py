@@ -363,8 +363,8 @@ class Model:
         can_offload = bool(self.endpoints) or gpu_offload_supported()
         self.gpu_layers = min(asked, self.n_layer + 1) if can_offload else 0
         if n_gpu_layers != 0 and not can_offload:
-            log.warning("GPU offload asked for %s, but this machine has no GPU llama.cpp can use (and no --rpc): "
-                        "running on CPU", self.path.name)
+            log.warning("GPU offload asked for %s, but this machine has no GPU llama.cpp can use (--rpc servers "
+                        "take the target only): running on CPU", self.path.name)
         self._pieces: dict[int, bytes] = {}
         self._closed = False
 
