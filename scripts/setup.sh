@@ -11,6 +11,9 @@
 #                        (NVIDIA) or "-DGGML_METAL=on" (macOS). Appended to the
 #                        AMX-safe defaults.
 #   SSD_EDGE_NO_AMX_FIX  set to 1 to drop the AMX-off flags (e.g. on macOS/ARM).
+#   SSD_EDGE_NO_RPC      set to 1 to build without llama.cpp's RPC backend
+#                        (-DGGML_RPC=ON is on by default: it lets --rpc put the
+#                        target's layers on other machines, see README "RPC").
 #   SSD_EDGE_VENV        where to create the virtual environment (default .venv).
 #   SSD_EDGE_EXTRAS      pip extras to install (default "test").
 #   PYTHON               the interpreter to build the venv from (default python3).
@@ -31,6 +34,9 @@ if [[ "${SSD_EDGE_NO_AMX_FIX:-0}" == "1" || "$(uname -m)" != "x86_64" ]]; then
   cmake_args="${SSD_EDGE_CMAKE_ARGS:-}"
 else
   cmake_args="-DCMAKE_C_FLAGS='$amx_off' -DCMAKE_CXX_FLAGS='$amx_off' ${SSD_EDGE_CMAKE_ARGS:-}"
+fi
+if [[ "${SSD_EDGE_NO_RPC:-0}" != "1" ]]; then
+  cmake_args="-DGGML_RPC=ON $cmake_args"
 fi
 flags_hash="$(printf '%s|%s|%s' "$llama_version" "$cmake_args" "$("$python" -c 'import sys; print(sys.version_info[:2])')" | sha256sum | cut -c1-16)"
 cache_root="${XDG_CACHE_HOME:-$HOME/.cache}/ssd-edge"

@@ -394,7 +394,8 @@ class Bench:
 
     def config(self, s: Setting) -> EngineConfig:
         a = self.args
-        return EngineConfig.build(target=dict(path=str(self.target), threads=s.target_threads),
+        rpc = dict(rpc=a.rpc.split(","), n_gpu_layers=-1) if a.rpc else {}
+        return EngineConfig.build(target=dict(path=str(self.target), threads=s.target_threads, **rpc),
                                   draft=dict(path=str(self.draft), threads=s.draft_threads), n_ctx=a.ctx_size,
                                   mode="ar", spec=dict(k=a.k), sampling=dict(temperature=a.temp, seed=a.seed),
                                   verbose=a.verbose)
@@ -516,6 +517,7 @@ class BenchArgs:
     recalibrate: bool = False
     no_plot: bool = False
     verbose: bool = False
+    rpc: str | None = None                       # --rpc HOST:PORT[,...]: the target on these rpc-servers
     argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
 
     def checked(self) -> BenchArgs:
@@ -532,6 +534,8 @@ class BenchArgs:
             raise ConfigError("--peer-k values must be between 1 and 32")
         return dataclasses.replace(
             self, max_tokens=min(self.max_tokens, 24) if self.quick else self.max_tokens,
+            # a profile prices a target on this device; one over --rpc is not
+            no_calibrate=self.no_calibrate or bool(self.rpc),
             peer_k=() if self.quick else self.peer_k,
             modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
 

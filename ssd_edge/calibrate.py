@@ -252,8 +252,8 @@ FIRST_USE = dict(k_max=6, reps=2, probe_tokens=24, overlap_s=0.8)
 
 def needs_first_use(engine: Engine) -> bool:
     """Whether mode auto would run on this engine's pair without a profile of this device."""
-    if engine.draft is None or engine.config.mode != "auto":
-        return False
+    if engine.draft is None or engine.config.mode != "auto" or engine.config.target.rpc:
+        return False  # with --rpc: no profile is used (Engine.auto_profile)
     try:
         return prof.load(engine.target.path, engine.draft.path) is None
     except OSError:  # a model without a file (the tests' fakes)

@@ -9,12 +9,14 @@
     ssd-edge tui                          the full-screen app (also: ssd-edge with no command)
     ssd-edge bench                        benchmark the modes on the prompt suite (bench.json, .md, .png)
     ssd-edge calibrate                    measure this device for mode auto (a profile)
+    ssd-edge rpc-server                   llama.cpp's rpc-server: this machine's CPU for another's --rpc
 
 Exit codes (SSDEdgeError.exit_code in errors.py):
     0 ok                    4 fetch error (network, package, checksum, disk full)
     1 other error           5 context full (prompt too long, or the answer cut off)
     2 bad usage or config   6 decode error (llama.cpp failed)
-    3 model error           130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
+    3 model error           7 rpc server unreachable or lost (--rpc)
+                            130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
                             141 output pipe closed
 
 Settings (settings.py): flags > SSD_EDGE_<NAME> environment variables > config
@@ -31,6 +33,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from contextlib import contextmanager
@@ -73,7 +76,7 @@ splits them only where the draft running beside the target pays (4 cores or more
 profile measured); on fewer the two models take turns, each with every core.
 
 [bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 4 fetch error · \
-5 context full · 6 decode error · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
+5 context full · 6 decode error · 7 rpc server unreachable or lost · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
 
 app = typer.Typer(
     name="ssd-edge", help="Speculative speculative decoding (SSD) of GGUF models on edge devices.",
@@ -435,7 +438,7 @@ same here.
 _DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default: the catalog's default draft, as its q4_0 "
                   "variant once derived)")
 BENCH_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
-                 "no_calibrate", "verbose", "debug"]
+                 "no_calibrate", "rpc", "verbose", "debug"]
 BENCH_HELP = {
     "model_draft": _DEFAULT_DRAFT,
     "n_predict": "tokens per generation (default 128; --quick: at most 24); a prompt's own max_tokens overrides it",
@@ -446,6 +449,8 @@ BENCH_HELP = {
     "seed": "base seed; prompt i uses seed + i in every mode (default 0)",
     "no_calibrate": "never calibrate; without a saved profile auto's planner prices verifies from what each "
                     "generation times",
+    "rpc": "HOST:PORT[,...]: the target's layers on these llama.cpp rpc-servers, the draft here (no calibration; "
+           "the llama.cpp peer column stays local: add --no-peer)",
 }
 CALIBRATE_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "verbose", "debug"]
 CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
@@ -518,7 +523,7 @@ def bench(
             seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
             no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
-            verbose=bool(flags["verbose"]), argv=_argv_after(ctx, "bench"))
+            verbose=bool(flags["verbose"]), rpc=f.get("rpc"), argv=_argv_after(ctx, "bench"))
         code = run_bench(args)
     raise typer.Exit(code)
 
@@ -557,6 +562,50 @@ def calibrate(
                               probe_tokens=48 if n is None else n, quick=quick, show=show, json_out=json_out,
                               verbose=bool(flags["verbose"]))
     raise typer.Exit(code)
+
+
+@app.command("rpc-server")
+def rpc_server(
+    host: Annotated[str, typer.Option("-H", "--host", help="address to listen on; anything but a loopback "
+                                      "address lets other machines in, with no authentication")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("-p", "--port", help="port to listen on")] = 50052,
+    threads: Annotated[Optional[int], typer.Option("-t", "--threads", help="CPU threads (default: rpc-server's, "
+                                                   "the cores)", show_default=False)] = None,
+    cache: Annotated[bool, typer.Option("-c", "--cache", help="keep received tensors in a local file cache "
+                                        "(faster reloads)")] = False,
+    device: Annotated[Optional[str], typer.Option("-d", "--device", help="comma-separated devices to expose "
+                                                  "(default: all)", show_default=False)] = None,
+    binary: Annotated[Optional[str], typer.Option("--binary", help="the rpc-server executable (default: "
+                                                  "$SSD_EDGE_RPC_SERVER, then what scripts/build_llama_tools.sh "
+                                                  "built, then PATH)", show_default=False)] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False,
+) -> None:
+    """Start llama.cpp's rpc-server, so another machine's `ssd-edge ... --rpc THIS_HOST:PORT` runs its target here.
+
+    The RPC protocol has no authentication and no encryption: the server listens on 127.0.0.1 unless
+    --host says otherwise, and then warns. Ctrl-C stops it."""
+    from . import rpc
+
+    with reported({"debug": debug}):
+        exe = rpc.find_server(binary)
+        if exe is None:
+            where = f"{binary} is not an executable file" if binary else "no rpc-server found"
+            raise SSDEdgeError(f"{where}; build it with scripts/build_llama_tools.sh --rpc-server-only (or set "
+                               "SSD_EDGE_RPC_SERVER)")
+        argv = rpc.server_command(exe, host, port, threads, cache, device.split(",") if device else ())
+        warning = rpc.exposure_warning(host)
+        if warning:
+            _stderr().print(f"[yellow]warning:[/] {escape(warning)}")
+        log.debug("exec %s", " ".join(argv))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # rpc-server writes with send(..., 0): a client gone mid-reply (killed, or a probe that gave up on a busy
+        # server) raises SIGPIPE, which would end the server. An ignored signal stays ignored across exec.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        try:
+            os.execv(argv[0], argv)  # the launcher steps aside: the other signals and the exit code are rpc-server's
+        except OSError as e:
+            raise SSDEdgeError(f"cannot start {argv[0]}: {e.strerror}") from None
 
 
 # ---------------------------------------------------------------- models

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 
@@ -28,6 +28,20 @@ class ModelConfig(_Strict):
     path: str = Field(description="catalog name or path to a .gguf file")
     threads: int = Field(default=1, ge=1, le=256, description="CPU threads for llama_decode")
     n_gpu_layers: int = Field(default=0, ge=-1, description="layers offloaded to the GPU (-1: all)")
+    rpc: list[str] = Field(default_factory=list, description="llama.cpp rpc-servers (HOST:PORT) that take the "
+                           "offloaded layers (--rpc); the target only")
+    rpc_timeout_s: float = Field(default=60.0, gt=0, description="most seconds one decode may wait on an rpc-server "
+                                 "before it is declared lost (a load may take ten times this)")
+
+    @field_validator("rpc")
+    @classmethod
+    def _endpoints(cls, v: list[str]) -> list[str]:
+        from .rpc import parse_endpoints
+
+        try:
+            return [str(e) for e in parse_endpoints(v)]
+        except ConfigError as e:
+            raise ValueError(str(e).removeprefix("invalid --rpc ")) from None
 
 
 class SamplingConfig(_Strict):
@@ -92,6 +106,12 @@ class EngineConfig(_Strict):
     verbose: bool = Field(default=False, description="let llama.cpp print its logs")
     threads_follow_mode: bool = Field(default=False, description="re-split threads for each generation's mode "
                                       "(split_threads) instead of the fixed target/draft counts")
+
+    @model_validator(mode="after")
+    def _draft_local(self) -> "EngineConfig":
+        if self.draft is not None and self.draft.rpc:
+            raise ValueError("the draft runs on this machine: --rpc applies to the target only")
+        return self
 
     @classmethod
     def build(cls, **kwargs) -> "EngineConfig":

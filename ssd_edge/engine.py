@@ -294,6 +294,12 @@ class _Text:
         return out
 
 
+def _offloaded(cfg: EngineConfig) -> bool:
+    """Whether the target's layers run off this CPU: on a local GPU, or on --rpc servers (which, on another
+    machine, a draft decoding here does not slow)."""
+    return cfg.target.n_gpu_layers != 0 and (bool(cfg.target.rpc) or gpu_offload_supported())
+
+
 # ---------------------------------------------------------------- the engine
 
 class Engine:
@@ -302,7 +308,8 @@ class Engine:
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None) -> None:
         if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
-        target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose)
+        target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose,
+                       rpc=config.target.rpc, rpc_timeout_s=config.target.rpc_timeout_s)
         target_ctx = Context(target, config.n_ctx, config.n_batch, config.target.threads)
         draft = draft_ctx = None
         try:
@@ -378,6 +385,9 @@ class Engine:
         """This device's calibration profile for the loaded pair (`ssd-edge calibrate`), or None."""
         if self.profile is None and not self._profile_looked_up:
             self._profile_looked_up = True
+            if self.config.target.rpc:  # profiles measure a target on this device, not one across a network
+                log.info("target on rpc servers: auto plans from what each generation measures")
+                return None
             from . import profile
             try:
                 self.profile = profile.load(self.target.path, self.draft.path if self.draft is not None else None)
@@ -576,7 +586,7 @@ class Engine:
         step takes 173 ms on 1 thread beside the draft, 105 ms alone on 2)."""
         if self.draft is None or cfg.draft is None:
             return False
-        if cfg.target.n_gpu_layers != 0 and gpu_offload_supported():
+        if _offloaded(cfg):
             return True
         return cfg.target.threads + cfg.draft.threads <= usable_cores()
 
@@ -595,7 +605,7 @@ class Engine:
     def _contention(self, cfg: EngineConfig) -> float | None:
         """The profile's slowdown of the target's verify with the draft decoding beside it, at this
         thread split: 1 for a GPU target, which a CPU draft does not slow; None where not calibrated."""
-        if cfg.target.n_gpu_layers != 0 and gpu_offload_supported():
+        if _offloaded(cfg):
             return 1.0
         prof = self.auto_profile() if self.draft is not None else None
         if prof is None or cfg.draft is None:

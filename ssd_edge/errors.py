@@ -54,3 +54,9 @@ class DecodeError(SSDEdgeError):
     """llama_decode returned an error."""
 
     exit_code = 6
+
+
+class RPCError(SSDEdgeError):
+    """An RPC server (--rpc) is unreachable at start, or was lost during a generation."""
+
+    exit_code = 7

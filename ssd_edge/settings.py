@@ -70,6 +70,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all; "
            "ignored, with a warning, on a CPU-only build)", _M),
     Option("n_gpu_layers_draft", ("-ngld", "--n-gpu-layers-draft"), int, "draft layers offloaded to a GPU", _M),
+    Option("rpc", ("--rpc",), str, "llama.cpp rpc-servers HOST:PORT[,HOST:PORT...] that take the target's "
+           "offloaded layers (-ngl; with --rpc it defaults to all); the draft stays here, on a local GPU at most. "
+           "No authentication or encryption: trusted networks only (`ssd-edge rpc-server` starts one)", _M),
     Option("threads", ("-t", "--threads"), int, "target threads (default: for ssd, the cores minus the draft's "
            "share, e.g. 1 of 2; for ar, sd and lookup, all cores)", _R),
     Option("threads_draft", ("-td", "--threads-draft"), int, "draft threads (default: for ssd, a third of the "
@@ -113,6 +116,7 @@ SERVER_OPTIONS = [n for n, o in OPTIONS.items() if o.panel == SERVER]
 _FIELD_OPTION = {
     ("target", "threads"): "threads", ("draft", "threads"): "threads_draft",
     ("target", "n_gpu_layers"): "n_gpu_layers", ("draft", "n_gpu_layers"): "n_gpu_layers_draft",
+    ("target", "rpc"): "rpc",
     ("n_ctx",): "ctx_size", ("mode",): "mode",
     ("sampling", "temperature"): "temp", ("sampling", "top_k"): "top_k", ("sampling", "top_p"): "top_p",
     ("sampling", "min_p"): "min_p", ("spec", "k"): "draft_max", ("spec", "k_min"): "draft_min",
@@ -267,8 +271,10 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         sampling["seed"] = seed
     spec = {k: v for k, v in (("k", s["draft_max"]), ("k_min", s["draft_min"]), ("p_min", s["draft_p_min"]))
             if v is not None}
+    rpc = _rpc_endpoints(s)
+    ngl = s["n_gpu_layers"] if s["n_gpu_layers"] is not None else (-1 if rpc else 0)
     raw: dict[str, Any] = dict(
-        target=dict(path=target, threads=t, n_gpu_layers=s["n_gpu_layers"] or 0),
+        target=dict(path=target, threads=t, n_gpu_layers=ngl, rpc=rpc),
         draft=dict(path=draft, threads=td, n_gpu_layers=s["n_gpu_layers_draft"] or 0) if draft else None,
         mode=mode, sampling=sampling, spec=spec, verbose=bool(s["verbose"]),
         # no -t/-td: each generation re-splits the cores for its own mode (/mode in chat, the TUI)
@@ -281,6 +287,16 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         return EngineConfig.model_validate(raw)
     except ValidationError as e:
         raise _explain(e, s) from None
+
+
+def _rpc_endpoints(s: Settings) -> list[str]:
+    """--rpc (llama.cpp's comma-separated form) as a list of 'HOST:PORT'."""
+    from .rpc import parse_endpoints
+
+    try:
+        return [str(e) for e in parse_endpoints(s["rpc"])]
+    except ConfigError as e:
+        raise ConfigError(f"{e}{s.origin('rpc')}") from None
 
 
 def reason(e: ValidationError) -> str:

@@ -249,3 +249,24 @@ def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exa
     _, fin = run(eng, mode, n=60, sampling=s)
     assert fin.tokens == ref.tokens
     assert fin.stats.drafted > 0 and fin.stats.accepted > 0
+
+
+def test_rpc_target_plans_without_a_profile_and_runs_the_draft_beside(monkeypatch):
+    """A target on --rpc servers: no calibration profile (one measures a target on this device), no first-use
+    calibration, and its compute is off this CPU, so the draft may pre-speculate beside it on any core count."""
+    from ssd_edge import calibrate, config as config_mod, engine as engine_mod, profile
+
+    looked = []
+    monkeypatch.setattr(profile, "load", lambda *a: looked.append(a))
+    monkeypatch.setattr(engine_mod, "usable_cores", lambda: 1)
+    monkeypatch.setattr(config_mod, "usable_cores", lambda: 1)
+    eng = engine(threads=(1, 1))
+    eng.config = eng.config.model_copy(update={"target": eng.config.target.model_copy(
+        update={"rpc": ["127.0.0.1:50052"], "n_gpu_layers": -1})})
+    assert eng.auto_profile() is None and looked == []
+    assert not calibrate.needs_first_use(eng)
+    assert eng.runs_beside(eng.config)
+    local = engine(threads=(1, 1))
+    assert not local.runs_beside(local.config)  # 1 + 1 threads on one core: they would take turns
+    out = run(eng, n=40)
+    assert out[1].tokens == run(local, mode="ar", n=40)[1].tokens
