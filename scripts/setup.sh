@@ -60,6 +60,12 @@ else
   echo "==> reusing llama-cpp-python wheel from $wheel_dir"
 fi
 
+# pip keeps an installed llama-cpp-python of the same version whatever flags built it: a venv
+# made with other flags (before -DGGML_RPC=ON, say) gets this wheel put in its place.
+if [[ -f "$venv/.ssd-edge-cmake-args" && "$(cat "$venv/.ssd-edge-cmake-args")" != "$cmake_args" ]]; then
+  echo "==> the venv's llama-cpp-python was built with other flags: reinstalling it"
+  "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$wheel_dir"/llama_cpp_python-*.whl
+fi
 echo "==> installing ssd-edge[$extras]"
 "$venv/bin/python" -m pip install -q --find-links "$wheel_dir" "llama-cpp-python==$llama_version" \
   -e "$root[$extras]"
