@@ -131,7 +131,7 @@ class ModelDrafter:
     def __init__(self, kv: KVSeq, sampling: SamplingConfig, seed: int, p_min: float = 0.0,
                  busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0) -> None:
         self.ctx = kv.ctx
-        self.kv = kv  # the main sequence; SSD's worker swaps it for a branch on a hit
+        self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
         self.seed = seed
         self.p_min = p_min
@@ -174,8 +174,7 @@ class ModelDrafter:
             cands.append(top_candidates(row, self.cand_temperature()))
             if len(toks) == k:
                 break
-            row = self.ctx.decode([t], [len(self.kv.tokens)], [self.kv.seq], [0])[0]
-            self.kv.tokens.append(t)
+            row = self.kv.step(t)
             steps += 1
         self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
         return Draft(tuple(toks), source, tuple(cands))

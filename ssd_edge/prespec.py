@@ -42,7 +42,7 @@ import numpy as np
 from .config import PrespecConfig
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
 from .interface import Aborted
-from .kvseq import Cancelled, KVSeq, common_prefix
+from .kvseq import Cancelled, common_prefix
 from .metrics import Meter
 from .policy import PrespecPolicy
 
@@ -248,13 +248,9 @@ class PrespecWorker:
         # The branch becomes the main sequence; every other sequence goes.
         self.cache.branches.pop((br.a, br.b))
         self._drop_branches()
-        old = self.drafter.kv.seq
-        self.ctx.seq_rm(old, 0, -1)
-        self.free_seqs.append(old)
-        kv = KVSeq(self.ctx, br.seq)
         fed = br.pos - len(history)  # drafted tokens already in the branch's KV (-1: not even b yet)
-        kv.tokens = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
-        self.drafter.kv = kv
+        held = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
+        self.free_seqs.append(self.drafter.kv.adopt(br.seq, held))
         self.meter.used_tokens += min(len(br.tokens), k)
         finished = br.done or len(br.tokens) >= k
         return LookupResult("hit" if finished else "partial", br.draft(k), finished)
@@ -371,13 +367,6 @@ class PrespecWorker:
         """Drop branches and move the main sequence back to 0 for the next generation."""
         try:
             self._drop_branches()
-            kv = self.drafter.kv
-            if kv.seq != 0:
-                self.ctx.seq_rm(0, 0, -1)
-                self.ctx.seq_cp(kv.seq, 0, 0, -1)
-                self.ctx.seq_rm(kv.seq, 0, -1)
-                new = KVSeq(self.ctx, 0)
-                new.tokens = kv.tokens
-                self.drafter.kv = new
+            self.drafter.kv.move_to(0)
         except BaseException as e:  # pragma: no cover - reported at the next use
             self.error = e
