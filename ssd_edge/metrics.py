@@ -27,6 +27,18 @@ class BusyClock:
             self.seconds += dt
 
 
+class Ema:
+    """Exponential moving average; with no initial value the first sample sets it."""
+
+    def __init__(self, value: float | None, alpha: float = 0.2) -> None:
+        self.value = value
+        self.alpha = alpha
+
+    def add(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        return self.value
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 

@@ -25,20 +25,9 @@ import numpy as np
 
 from .config import PrespecConfig
 from .events import HIT_RATE_HEALTHY, HIT_RATE_POOR
+from .metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
-
-
-class Ema:
-    """Exponential moving average; with no initial value the first sample sets it."""
-
-    def __init__(self, value: float | None, alpha: float = 0.2) -> None:
-        self.value = value
-        self.alpha = alpha
-
-    def add(self, x: float) -> float:
-        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
-        return self.value
 
 
 @dataclass

@@ -172,6 +172,13 @@ class ScriptedEngine:
                                         end_to_end_tokens_per_s=rate)
         yield FinishEvent(self._text(out), tuple(out), reason, stats, message, "")
 
+    @property
+    def model_info(self) -> tuple[ModelInfo | None, ModelInfo | None]:
+        return self.target.info(), self.draft.info() if self.draft is not None else None
+
+    def piece(self, token: int) -> bytes:
+        return self.target.piece(token)
+
     def _text(self, tokens: list[int]) -> str:
         return b"".join(self.target.piece(t) for t in tokens).decode()
 

@@ -54,9 +54,11 @@ def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
 def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
     """The default factory, and the first time mode auto meets the pair on this device, its
     measurement (a longer "loading…"; `ssd-edge calibrate` shows the details)."""
+    engine = default_engine_factory(config, models_dir)
+    if not engine.plans_with_profile:
+        return engine
     from ssd_edge.calibrate import calibrate_first_use, needs_first_use
 
-    engine = default_engine_factory(config, models_dir)
     try:
         if needs_first_use(engine):
             log.info("first use of this pair on this device: calibrating for mode auto")

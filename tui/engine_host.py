@@ -49,7 +49,7 @@ class EngineHost:
         self.config = getattr(msg.engine, "config", self.config)
         self.query_one("#progress").display = False
         panel = self.query_one(LivePanel)
-        panel.show_models(self.engine, self.config)
+        panel.show_models(self.engine.model_info, self.config)
         panel.show_settings(self.config, self.live)
         self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
 

@@ -225,4 +225,4 @@ def test_threads_follow_the_mode_unless_pinned():
     for mode in ("ar", "sd", "ssd"):
         t, d = split_threads(mode, True, usable_cores())
         eng.complete(tokens=PROMPT, max_tokens=4, mode=mode)
-        assert (eng.target_ctx.threads, eng.draft_ctx.threads) == (t, d)
+        assert eng.threads == (t, d)

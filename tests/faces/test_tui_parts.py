@@ -69,17 +69,17 @@ def test_segmenter_splits_a_round_by_provenance():
     toks = model.encode("one two three")
     ev = TokenEvent("one two three", tuple(toks), ("prespec", "prespec", "target"),
                     _round(0, "hit", 10.0), _live())
-    assert Segmenter(model).split(ev) == (("prespec", "one two"), ("target", " three"))
+    assert Segmenter(model.piece).split(ev) == (("prespec", "one two"), ("target", " three"))
     # a delta that the pieces do not add up to (a held-back stop string) goes whole to the main provenance
     held = TokenEvent("one", tuple(toks), ("draft", "draft", "target"), _round(0, None, 1.0), _live())
-    assert Segmenter(model).split(held) == (("draft", "one"),)
+    assert Segmenter(model.piece).split(held) == (("draft", "one"),)
     assert Segmenter(None).split(held) == (("draft", "one"),)
 
 
 def test_segmenter_holds_a_split_utf8_character():
     model = ScriptedModel("m", 1)
     model.vocab = ["é".encode()[:1], "é".encode()[1:] + b"!"]
-    seg = Segmenter(model)
+    seg = Segmenter(model.piece)
     first = TokenEvent("", (0,), ("draft",), _round(0, None, 1.0), _live())
     second = TokenEvent("é!", (1,), ("target",), _round(1, None, 1.0), _live())
     assert seg.split(first) == ()
