@@ -12,14 +12,17 @@
   off (plain `sd`) and probed again `probe_every` rounds later;
 - with an SLA (ms per token), pre-speculation is cut while latency exceeds it.
 
-Pure state and arithmetic: no threads, no models; tested with plain numbers.
+Pure state and arithmetic, no models; tested with plain numbers. Used by the
+engine thread alone: the pre-speculation worker (prespec.py) never reads the
+policy, only the frozen PolicySnapshot the engine takes when it starts a
+verify and hands over with it (PrespecWorker.verifying).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -28,6 +31,14 @@ from .events import HIT_RATE_HEALTHY, HIT_RATE_POOR
 from .metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
+
+
+class PolicySnapshot(NamedTuple):
+    """What pre-speculating one round needs of the policy, as it stood when the round's verify began."""
+
+    enabled: bool           # prespec_enabled
+    p_accept: np.ndarray    # outcome_probs(k) for the draft being verified: P(a accepted), a = 0..k
+    fanout: int             # the window: most outcomes to prepare
 
 
 @dataclass
@@ -119,6 +130,10 @@ class PrespecPolicy:
     @property
     def prespec_enabled(self) -> bool:
         return self.state == "ssd" and self.cfg.budget_cells > 0
+
+    def snapshot(self, k: int) -> PolicySnapshot:
+        """The policy as the worker may see it while it pre-speculates after a draft of k tokens."""
+        return PolicySnapshot(self.prespec_enabled, self.outcome_probs(k), self.fanout)
 
     def hit_rate(self) -> float | None:
         return float(np.mean(self.recent_hits)) if self.recent_hits else None
