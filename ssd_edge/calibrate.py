@@ -254,7 +254,7 @@ def _print(p: prof.Profile, path, console) -> None:
     console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
                   f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")
     t = Table(title="what auto starts with (expected decode tokens/s at the probe's acceptance)")
-    for col in ("setting", "mode", "k", "t+d", "window", "tok/s", "best sd", "ar"):
+    for col in ("setting", "mode", "k", "t+d", "fanout", "tok/s", "best sd", "ar"):
         t.add_column(col)
     base = dict(target=dict(path=p.target.name), draft=dict(path=p.draft.name) if p.draft else None, mode="auto")
     cores = p.device.cores
@@ -265,7 +265,7 @@ def _print(p: prof.Profile, path, console) -> None:
         rates = p.rates(cfg)
         sd = max((c for c in rates if c.mode == "sd"), key=lambda c: c.expected_tokens_per_s, default=None)
         ar = max(c.expected_tokens_per_s for c in rates if c.mode == "ar")
-        t.add_row(label, ch.mode, str(ch.k), f"{ch.target_threads}+{ch.draft_threads}", str(ch.window),
+        t.add_row(label, ch.mode, str(ch.k), f"{ch.target_threads}+{ch.draft_threads}", str(ch.fanout_max),
                   f"{ch.expected_tokens_per_s:.1f}", f"{sd.expected_tokens_per_s:.1f} (k={sd.k})" if sd else "-",
                   f"{ar:.1f}")
     console.print(t)

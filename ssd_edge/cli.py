@@ -54,7 +54,7 @@ from .errors import ConfigError, SSDEdgeError
 from .events import FinishEvent, TokenEvent
 from .settings import OPTIONS, Settings
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
-from .summary import stats_line
+from .stats_text import stats_line
 
 log = logging.getLogger("ssd_edge.cli")
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import SamplingConfig
 from .coupling import gumbel_pick
+from .events import Speculator
 from .kvseq import KVSeq, common_prefix
 from .metrics import BusyClock
 from .sampling import probs, reshape_saguaro
@@ -23,7 +24,7 @@ from .sampling import probs, reshape_saguaro
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
-    source: str           # "draft", "ngram", "prespec"
+    speculator: Speculator  # who drafted it: "draft", "ngram", "prespec" (Round.speculator once verified)
     # the draft model's top candidates at each drafted position (for SSD's outcome ranking)
     cands: tuple["Candidates", ...] | None = None
     # n-gram drafts: how many history tokens the copied passage matched (the n-gram and its run
@@ -37,7 +38,7 @@ class Draft:
         """The first m tokens (with their candidates)."""
         if m >= len(self.tokens):
             return self
-        return Draft(self.tokens[:m], self.source, None if self.cands is None else self.cands[:m], self.match)
+        return Draft(self.tokens[:m], self.speculator, None if self.cands is None else self.cands[:m], self.match)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class ModelDrafter:
         return 1.0 if self.sampling.greedy else self.sampling.temperature
 
     def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
-               k: int = 4, cancelled: Callable[[], bool] | None = None, source: str = "draft") -> Draft:
+               k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft") -> Draft:
         """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens."""
         toks, cands = list(tokens), list(cands)
         full = list(history) + toks
@@ -177,4 +178,4 @@ class ModelDrafter:
             row = self.kv.step(t)
             steps += 1
         self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
-        return Draft(tuple(toks), source, tuple(cands))
+        return Draft(tuple(toks), speculator, tuple(cands))

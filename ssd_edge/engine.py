@@ -675,7 +675,7 @@ class Engine:
         finally:
             self._end_strategy(strategy)
         tail = text.finish()
-        stats = meter.summary(seed=None if s.greedy else seed, auto=strategy.report())
+        stats = meter.stats(seed=None if s.greedy else seed, auto=strategy.report())
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     @staticmethod

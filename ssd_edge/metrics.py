@@ -151,7 +151,7 @@ class Meter:
             target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=cells,
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
-    def summary(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
+    def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
         """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
         greedy); auto: mode auto's report (the planner's figures and "concurrent")."""
         wall = self.elapsed()

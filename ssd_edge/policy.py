@@ -27,10 +27,15 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from .config import PrespecConfig
-from .events import HIT_RATE_HEALTHY, HIT_RATE_POOR
 from .metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
+
+# The window's own thresholds (the UI's health colours, events.HIT_RATE_*, are a separate choice
+# that happens to share these values): over the last 16 lookups,
+GROW_HIT_RATE = 0.70     # at least this hit rate (with acceptance >= GROW_ACCEPTANCE): one more outcome
+GROW_ACCEPTANCE = 0.6
+SHRINK_HIT_RATE = 0.50   # below this: one fewer
 
 
 class PolicySnapshot(NamedTuple):
@@ -80,10 +85,10 @@ class PrespecPolicy:
         if draft_step_ms is not None:
             self.costs.draft_step_ms.add(draft_step_ms)
 
-    def observe_verify(self, drafted: int, accepted: int, source: str) -> None:
+    def observe_verify(self, drafted: int, accepted: int, speculator: str) -> None:
         if drafted == 0:
             return
-        if source == "ngram":
+        if speculator == "ngram":
             self.ngram_accept.add(accepted / drafted)
             return
         for i in range(min(drafted, len(self.alpha))):
@@ -100,9 +105,9 @@ class PrespecPolicy:
         rate = self.hit_rate()
         acc = self.acceptance()
         if rate is not None and len(self.recent_hits) >= 4:
-            if rate >= HIT_RATE_HEALTHY and acc >= 0.6:
+            if rate >= GROW_HIT_RATE and acc >= GROW_ACCEPTANCE:
                 self.fanout = min(self.fanout + 1, self.cfg.fanout_max)
-            elif rate < HIT_RATE_POOR:
+            elif rate < SHRINK_HIT_RATE:
                 self.fanout = max(self.fanout - 1, self.cfg.fanout_min)
 
     def observe_round(self, ms_per_token: float) -> None:

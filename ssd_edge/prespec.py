@@ -271,7 +271,7 @@ class PrespecWorker:
         t0 = time.perf_counter()
         try:
             return self.drafter.extend(history, br.tokens, br.cands, k=k, cancelled=self.cancelled,
-                                       source="prespec")
+                                       speculator="prespec")
         finally:
             self._busy(t0)
 

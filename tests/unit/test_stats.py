@@ -13,7 +13,7 @@ import pytest
 from ssd_edge.events import AutoStats, Round, Stats
 from ssd_edge.metrics import BranchTally, Meter, decode_rate
 
-# The keys of FinishEvent.stats before it was typed (Meter.summary()'s dict plus the engine's "seed" and,
+# The keys of FinishEvent.stats before it was typed (Meter.stats()'s dict plus the engine's "seed" and,
 # in mode auto, "auto"): JSON consumers read these.
 OLD_KEYS = {
     "mode", "prompt_tokens", "tokens", "rounds", "wall_s", "ttft_s", "tokens_per_s", "end_to_end_tokens_per_s",
@@ -48,7 +48,7 @@ def ssd_meter() -> Meter:
 
 
 def test_to_dict_has_exactly_the_old_keys():
-    stats = ssd_meter().summary(seed=7)
+    stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
     assert set(d) == OLD_KEYS
     assert set(d["prespec"]) == OLD_PRESPEC_KEYS
@@ -60,7 +60,7 @@ def test_to_dict_has_exactly_the_old_keys():
 
 
 def test_auto_adds_its_report_back_unchanged():
-    stats = ssd_meter().summary(auto=REPORT)
+    stats = ssd_meter().stats(auto=REPORT)
     assert isinstance(stats.auto, AutoStats)
     assert stats.auto.decisions == {"plain": 3, "prepared": 2} and stats.auto.concurrent
     assert stats.auto.planner["draft_alpha_measured"] == [0.75, None]
@@ -71,7 +71,7 @@ def test_auto_adds_its_report_back_unchanged():
 
 
 def test_attributes_are_the_dict_values():
-    stats = ssd_meter().summary(seed=None)
+    stats = ssd_meter().stats(seed=None)
     d = stats.to_dict()
     for f in dataclasses.fields(Stats):
         if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto"):
@@ -81,7 +81,7 @@ def test_attributes_are_the_dict_values():
 
 
 def test_stats_are_frozen():
-    stats = ssd_meter().summary(auto=REPORT)
+    stats = ssd_meter().stats(auto=REPORT)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.tokens = 0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -101,7 +101,7 @@ def test_decode_rate_leaves_out_the_first_round():
 
 
 def test_meter_and_stats_agree_on_decode_time_and_rate():
-    stats = ssd_meter().summary()
+    stats = ssd_meter().stats()
     assert stats.decode_s == pytest.approx(stats.wall_s - stats.ttft_s)
     assert stats.tokens_per_s == pytest.approx(decode_rate(7, 1, stats.wall_s, stats.ttft_s))
     assert stats.end_to_end_tokens_per_s == pytest.approx(7 / stats.wall_s)
