@@ -467,7 +467,9 @@ class Engine:
 
     # ------------------------------------------------------------ for the faces and the measuring
     # What the CLI, the TUI, the bench and calibrate ask of the loaded models: through these, never
-    # through the engine's contexts or KV sequences. Call them between generations, not during one.
+    # through the engine's contexts or KV sequences. Those that touch a context (reset, use_threads,
+    # the timings) run between generations; the others only read what loading fixed (the vocabulary,
+    # the files, model_info): the TUI calls piece() between a generation's events, on its thread.
 
     @property
     def has_draft(self) -> bool:
