@@ -122,7 +122,8 @@ def confidence(logits: np.ndarray) -> float:
 
 class ModelDrafter:
     """A draft LLM in its own context (sequence 0 of it). Not thread-safe: one
-    thread drives it at a time (the engine for `sd` and `auto`, the SSD worker for `ssd`).
+    thread drives it at a time (the engine for `sd`, and `auto` without a worker; the
+    pre-speculation worker for `ssd`, and `auto` with one).
 
     Sampled drafts use the generation's coupled noise (coupling.py): the token drafted for
     position i is argmax(log q + G(seed, i)), the target's own draw there whenever q = p."""
