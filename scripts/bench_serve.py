@@ -35,7 +35,7 @@ PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 
 def direct(engine, prompt: str, n: int, mode: str) -> float:
     t0 = time.perf_counter()
-    tokens = engine.target.tokenize(prompt, add_special=True, parse_special=True)
+    tokens = engine.tokenize(prompt, parse_special=True)
     for ev in engine.generate(tokens=tokens, max_tokens=n, mode=mode):
         if isinstance(ev, FinishEvent):
             return len(ev.tokens) / (time.perf_counter() - t0)

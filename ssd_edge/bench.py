@@ -310,9 +310,7 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
     """One generation from a cold KV cache; the record of what it did."""
     from .events import FinishEvent
 
-    engine.target_kv.truncate(0)  # each run prefills its prompt, like a fresh request
-    if engine.draft_kv is not None:
-        engine.draft_kv.truncate(0)
+    engine.reset()  # each run prefills its prompt, like a fresh request
     sampling = engine.config.sampling.model_copy(update=dict(temperature=temperature, seed=seed))
     latencies: list[float] = []
     modes_run: Counter[str] = Counter()
@@ -443,7 +441,7 @@ class Bench:
 
         a = self.args
         try:
-            r = bench_peer.run(self.peer_bin, self.target, self.draft, engine.target.render_chat(p.messages), k=k,
+            r = bench_peer.run(self.peer_bin, self.target, self.draft, engine.render_chat(p.messages), k=k,
                                target_threads=s.target_threads, draft_threads=s.draft_threads,
                                max_tokens=p.max_tokens or a.max_tokens, temperature=a.temp, seed=seed,
                                n_ctx=a.ctx_size)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import statistics
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -76,51 +74,12 @@ def thread_options(cores: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- timing
-
-def _decode_ms(ctx, n: int, reps: int, seq: int = 0) -> float:
-    """Median ms of decoding n tokens (all rows of logits) after PREFIX_TOKENS of context."""
-    times = []
-    for _ in range(reps):
-        tokens = [(17 * i + 11) % 1000 + 100 for i in range(n)]
-        t0 = time.perf_counter()
-        ctx.decode(tokens, range(PREFIX_TOKENS, PREFIX_TOKENS + n), [seq] * n, list(range(n)))
-        times.append((time.perf_counter() - t0) * 1e3)
-        ctx.seq_rm(seq, PREFIX_TOKENS, -1)
-    return statistics.median(times)
+# Filler ids (any in-vocabulary tokens do: the cost of a decode does not depend on which).
+PREFIX = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
 
 
-def _prefix(ctx) -> float:
-    """Fill the context with PREFIX_TOKENS of prompt; returns ms per token of that prefill."""
-    ctx.clear()
-    tokens = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
-    t0 = time.perf_counter()
-    ctx.decode(tokens, range(PREFIX_TOKENS), [0] * PREFIX_TOKENS, [PREFIX_TOKENS - 1])
-    return (time.perf_counter() - t0) * 1e3 / PREFIX_TOKENS
-
-
-def _overlap(target_ctx, draft_ctx, n_verify: int, seconds: float) -> tuple[float, float]:
-    """Mean ms of a verify of n_verify tokens and of one draft step while the other runs concurrently."""
-    stop = threading.Event()
-    draft_times: list[float] = []
-
-    def draft_loop() -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            draft_ctx.decode([123], [PREFIX_TOKENS], [0], [0])
-            draft_times.append((time.perf_counter() - t0) * 1e3)
-            draft_ctx.seq_rm(0, PREFIX_TOKENS, -1)
-
-    worker = threading.Thread(target=draft_loop, name="calibrate-draft", daemon=True)
-    target_times: list[float] = []
-    worker.start()
-    try:
-        t_end = time.perf_counter() + seconds
-        while time.perf_counter() < t_end or len(target_times) < 2:
-            target_times.append(_decode_ms(target_ctx, n_verify, 1))
-    finally:
-        stop.set()
-        worker.join()
-    return statistics.median(target_times), statistics.median(draft_times[1:] or draft_times)
+def _batch(n: int) -> list[int]:
+    return [(17 * i + 11) % 1000 + 100 for i in range(n)]
 
 
 # ---------------------------------------------------------------- the run
@@ -128,7 +87,7 @@ def _overlap(target_ctx, draft_ctx, n_verify: int, seconds: float) -> tuple[floa
 def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int = 48, overlap_s: float = 1.5,
             progress: Progress | None = None) -> prof.Profile:
     """Measure `engine`'s pair on this device (its contexts; their thread counts are restored)."""
-    if engine.draft_ctx is None or engine.draft is None:
+    if not engine.has_draft:
         raise ConfigError("calibration needs a draft model (-md): auto chooses between draft-model modes")
     t_start = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -138,49 +97,41 @@ def measure(engine: Engine, *, k_max: int = 8, reps: int = 3, probe_tokens: int 
     steps = 2 * len(opts) + len(splits) + 2 * len(PROBE)
     done = 0
     tick = progress or (lambda what, frac: None)
-    saved = (engine.target_ctx.threads, engine.draft_ctx.threads)
+    saved = engine.threads
     try:
-        engine.target_kv.truncate(0)
-        engine.draft_kv.truncate(0)
-        _prefix(engine.target_ctx)
-        _prefix(engine.draft_ctx)
         target_ms: dict[int, list[float]] = {}
         draft_ms: dict[int, list[float]] = {}
         draft_prefill: dict[int, float] = {}
-        for name, ctx, table in (("target", engine.target_ctx, target_ms), ("draft", engine.draft_ctx, draft_ms)):
+        for name in ("target", "draft"):
+            table = target_ms if name == "target" else draft_ms
             for t in opts:
                 tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", done / steps)
-                ctx.set_threads(t)
-                _decode_ms(ctx, 1, 1)  # warm-up: first decodes at a new thread count are slower
-                table[t] = [_decode_ms(ctx, n, reps) for n in range(1, k_max + 2)]
+                engine.use_threads(**{name: t})
+                engine.time_decode(name, PREFIX, _batch(1))  # warm-up: first decodes at a new thread count are slower
+                table[t] = [engine.time_decode(name, PREFIX, _batch(n), reps) for n in range(1, k_max + 2)]
                 if name == "draft":
-                    draft_prefill[t] = min(_prefix(ctx) for _ in range(max(1, reps - 1)))
+                    draft_prefill[t] = min(engine.time_prefill("draft", PREFIX) for _ in range(max(1, reps - 1)))
                 done += 1
         costs = []
         for t, d in splits:
             tick(f"running both at once, {t}+{d} threads", done / steps)
-            engine.target_ctx.set_threads(t)
-            engine.draft_ctx.set_threads(d)
+            engine.use_threads(t, d)
             n_verify = min(engine.config.spec.k + 1, k_max + 1)  # the verify ssd runs at the configured k
-            v_ms, d_ms = _overlap(engine.target_ctx, engine.draft_ctx, n_verify, overlap_s)
+            v_ms, d_ms = engine.time_decode_beside(PREFIX, _batch(n_verify), overlap_s)
             costs.append(prof.ThreadCosts(
                 target_threads=t, draft_threads=d, target_ms=target_ms[t], draft_ms=draft_ms[d],
                 target_overlap=max(0.5, v_ms / target_ms[t][n_verify - 1]),
                 draft_overlap=max(0.5, d_ms / draft_ms[d][0]), draft_prefill_ms=draft_prefill[d]))
             done += 1
-        engine.target_ctx.clear()
-        engine.draft_ctx.clear()
-        engine.target_kv.tokens.clear()
-        engine.draft_kv.tokens.clear()
+        engine.reset()
         probe_steps = iter(range(done, steps))
         acceptance = _probe(engine, max(opts), probe_tokens, lambda what: tick(what, next(probe_steps, done) / steps))
     finally:
-        engine.target_ctx.set_threads(saved[0])
-        engine.draft_ctx.set_threads(saved[1])
+        engine.use_threads(*saved)
     tick("done", 1.0)
     return prof.Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
-        target=prof.ModelId.of(engine.target.path), draft=prof.ModelId.of(engine.draft.path), k_max=k_max,
+        target=prof.ModelId.of(engine.model_paths[0]), draft=prof.ModelId.of(engine.model_paths[1]), k_max=k_max,
         costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load)
 
 
@@ -188,8 +139,7 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     """Greedy acceptance on the probe prompts: sd for alpha (and the n-gram replay), ssd for the hit rate."""
     k = 4
     cfg = engine.config
-    engine.target_ctx.set_threads(threads)
-    engine.draft_ctx.set_threads(threads)
+    engine.use_threads(threads, threads)
     draft = _Trials(0.0, 0.0)   # trials: accepted draft tokens, and rounds ended by a rejection
     # The probe's answers rarely repeat text, so its n-gram estimate rests on a handful of proposals:
     # shrink it toward a modest prior (10 trials at 0.3) rather than trust a lucky streak.
@@ -215,11 +165,9 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
                 ngram.add(sum(s.matched for s in settled), sum(not s.matched for s in settled))
             # ssd at the concurrent split this device would use: half the cores each
             tick(f"acceptance probe {i + 1}/{len(PROBE)} (ssd)")
-            engine.target_ctx.set_threads(max(1, threads // 2))
-            engine.draft_ctx.set_threads(max(1, threads // 2))
+            engine.use_threads(max(1, threads // 2), max(1, threads // 2))
             stats = engine.complete(tokens=prompt, max_tokens=tokens, mode="ssd", sampling=sampling).stats
-            engine.target_ctx.set_threads(threads)
-            engine.draft_ctx.set_threads(threads)
+            engine.use_threads(threads, threads)
             lookups += stats.prespec.lookups
             hits += stats.prespec.hits
     finally:
@@ -234,7 +182,7 @@ def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progr
                    **kwargs) -> tuple[prof.Profile, bool]:
     """The saved profile of the engine's pair on this device, measured and saved if missing.
     Returns (profile, measured_now) and sets engine.profile."""
-    existing = None if recalibrate else prof.load(engine.target.path, engine.draft.path if engine.draft else None)
+    existing = None if recalibrate else prof.load(*engine.model_paths)
     if existing is not None:
         engine.profile = existing
         return existing, False
@@ -252,10 +200,10 @@ FIRST_USE = dict(k_max=6, reps=2, probe_tokens=24, overlap_s=0.8)
 
 def needs_first_use(engine: Engine) -> bool:
     """Whether mode auto would run on this engine's pair without a profile of this device."""
-    if engine.draft is None or engine.config.mode != "auto" or engine.config.target.rpc:
-        return False  # with --rpc: no profile is used (Engine.auto_profile)
+    if not engine.plans_with_profile:
+        return False
     try:
-        return prof.load(engine.target.path, engine.draft.path) is None
+        return prof.load(*engine.model_paths) is None
     except OSError:  # a model without a file (the tests' fakes)
         return False
 
@@ -306,7 +254,7 @@ def _print(p: prof.Profile, path, console) -> None:
     console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
                   f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")
     t = Table(title="what auto starts with (expected decode tokens/s at the probe's acceptance)")
-    for col in ("setting", "mode", "k", "t+d", "window", "tok/s", "best sd", "ar"):
+    for col in ("setting", "mode", "k", "t+d", "fanout", "tok/s", "best sd", "ar"):
         t.add_column(col)
     base = dict(target=dict(path=p.target.name), draft=dict(path=p.draft.name) if p.draft else None, mode="auto")
     cores = p.device.cores
@@ -317,7 +265,7 @@ def _print(p: prof.Profile, path, console) -> None:
         rates = p.rates(cfg)
         sd = max((c for c in rates if c.mode == "sd"), key=lambda c: c.expected_tokens_per_s, default=None)
         ar = max(c.expected_tokens_per_s for c in rates if c.mode == "ar")
-        t.add_row(label, ch.mode, str(ch.k), f"{ch.target_threads}+{ch.draft_threads}", str(ch.window),
+        t.add_row(label, ch.mode, str(ch.k), f"{ch.target_threads}+{ch.draft_threads}", str(ch.fanout_max),
                   f"{ch.expected_tokens_per_s:.1f}", f"{sd.expected_tokens_per_s:.1f} (k={sd.k})" if sd else "-",
                   f"{ar:.1f}")
     console.print(t)

@@ -57,7 +57,7 @@ from .errors import ConfigError, SSDEdgeError
 from .events import FinishEvent, TokenEvent
 from .settings import OPTIONS, Settings
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
-from .summary import stats_line
+from .stats_text import stats_line
 
 log = logging.getLogger("ssd_edge.cli")
 
@@ -222,13 +222,16 @@ def calibrate_on_first_use(engine: Any) -> None:
     """The first time mode auto meets a model pair on this device: measure the device (a lighter run
     than `ssd-edge calibrate`, with a progress bar or lines) and save the profile the planner prices
     rounds with."""
+    if not engine.plans_with_profile:  # ar, sd, ...: calibrate (and auto's planning) is not even imported
+        return
     from .calibrate import calibrate_first_use, needs_first_use
     from .progress import Progress
 
     if not needs_first_use(engine):
         return
     err = _stderr()
-    err.print(f"first use of {model_label(str(engine.target.path))} + {model_label(str(engine.draft.path))} "
+    target, draft = engine.model_paths
+    err.print(f"first use of {model_label(str(target))} + {model_label(str(draft))} "
               "on this device: measuring it for mode auto (once; `ssd-edge calibrate` redoes it, "
               "--no-calibrate skips it)")
     try:

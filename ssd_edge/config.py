@@ -81,7 +81,7 @@ class PrespecConfig(_Strict):
     budget_cells: int = Field(default=64, ge=0, description="draft KV cells that branches may hold at once")
     min_confidence: float = Field(default=0.02, ge=0.0, le=1.0,
                                   description="prepare an outcome only if its estimated probability is at least this")
-    fanout_max: int = Field(default=4, ge=1, le=32, description="most outcomes prepared per round (window)")
+    fanout_max: int = Field(default=4, ge=1, le=32, description="most outcomes prepared per round (the window grows up to it)")
     fanout_min: int = Field(default=1, ge=1, le=32)
     backup_after_misses: int = Field(default=2, ge=1, description="consecutive misses before the backup speculator is considered")
     rollback_after_misses: int = Field(default=6, ge=1, description="consecutive misses before falling back to plain sd")

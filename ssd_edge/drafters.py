@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import SamplingConfig
 from .coupling import gumbel_pick
+from .events import Speculator
 from .kvseq import KVSeq, common_prefix
 from .metrics import BusyClock
 from .sampling import probs, reshape_saguaro
@@ -23,7 +24,7 @@ from .sampling import probs, reshape_saguaro
 @dataclass(frozen=True)
 class Draft:
     tokens: tuple[int, ...]
-    source: str           # "draft", "ngram", "prespec"
+    speculator: Speculator  # who drafted it: "draft", "ngram", "prespec" (Round.speculator once verified)
     # the draft model's top candidates at each drafted position (for SSD's outcome ranking)
     cands: tuple["Candidates", ...] | None = None
     # n-gram drafts: how many history tokens the copied passage matched (the n-gram and its run
@@ -37,7 +38,7 @@ class Draft:
         """The first m tokens (with their candidates)."""
         if m >= len(self.tokens):
             return self
-        return Draft(self.tokens[:m], self.source, None if self.cands is None else self.cands[:m], self.match)
+        return Draft(self.tokens[:m], self.speculator, None if self.cands is None else self.cands[:m], self.match)
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def confidence(logits: np.ndarray) -> float:
 
 class ModelDrafter:
     """A draft LLM in its own context (sequence 0 of it). Not thread-safe: one
-    thread drives it at a time (the engine for `sd` and `auto`, the SSD worker for `ssd`).
+    thread drives it at a time (the engine for `sd`, and `auto` without a worker; the
+    pre-speculation worker for `ssd`, and `auto` with one).
 
     Sampled drafts use the generation's coupled noise (coupling.py): the token drafted for
     position i is argmax(log q + G(seed, i)), the target's own draw there whenever q = p."""
@@ -139,7 +141,7 @@ class ModelDrafter:
     def __init__(self, kv: KVSeq, sampling: SamplingConfig, seed: int, p_min: float = 0.0,
                  busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0) -> None:
         self.ctx = kv.ctx
-        self.kv = kv  # the main sequence; SSD's worker swaps it for a branch on a hit
+        self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
         self.seed = seed
         self.p_min = p_min
@@ -165,7 +167,7 @@ class ModelDrafter:
         return 1.0 if self.sampling.greedy else self.sampling.temperature
 
     def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
-               k: int = 4, cancelled: Callable[[], bool] | None = None, source: str = "draft") -> Draft:
+               k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft") -> Draft:
         """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens."""
         toks, cands = list(tokens), list(cands)
         full = list(history) + toks
@@ -182,8 +184,7 @@ class ModelDrafter:
             cands.append(top_candidates(row, self.cand_temperature()))
             if len(toks) == k:
                 break
-            row = self.ctx.decode([t], [len(self.kv.tokens)], [self.kv.seq], [0])[0]
-            self.kv.tokens.append(t)
+            row = self.kv.step(t)
             steps += 1
         self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
-        return Draft(tuple(toks), source, tuple(cands))
+        return Draft(tuple(toks), speculator, tuple(cands))

@@ -19,10 +19,12 @@ and one-token logits; see tests/lossless_check.py).
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NamedTuple, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -33,14 +35,16 @@ from .coupling import fresh_seed, gumbel_picks
 from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
-from .interface import TextStream
+from .interface import ModelInfo, TextStream
 from .kvseq import Cancelled, KVSeq, common_prefix
-from .metrics import Meter
-from .planner import Decision, Offer, Planner
-from .policy import Ema, PrespecPolicy
-from .prespec import PrespecWorker
+from .metrics import Ema, Meter
 from .sampling import probs
 from .verify import verify
+
+if TYPE_CHECKING:  # imported where ssd or auto needs them (Engine._strategy): ar, lookup and sd load none
+    from .planner import Decision, Planner
+    from .policy import PrespecPolicy
+    from .prespec import PrespecWorker
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +185,8 @@ class _Planned(_Plain):
         return self.SERVED[self.decision.kind] if self.decision is not None else "ar"
 
     def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
+        from .planner import Offer
+
         if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile
             self.decision = None
             return Proposal(EMPTY, "none", None)
@@ -342,8 +348,10 @@ class Engine:
         self.draft_kv = KVSeq(draft_ctx, 0) if draft_ctx is not None else None
         self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
         self.budget_cells_max = config.prespec.budget_cells  # the draft context was sized for this many
+        # read once here (the loading thread): a face asks model_info, never the models themselves
+        self._info = tuple(m.info() if m is not None and hasattr(m, "info") else None for m in (target, draft))
         # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring
-        self.draft_cell_bytes = draft.info().kv_bytes_per_cell if hasattr(draft, "info") else 0
+        self.draft_cell_bytes = self._info[1].kv_bytes_per_cell if self._info[1] is not None else 0
         self._lock = threading.Lock()
         self._worker: PrespecWorker | None = None
         self.profile = None  # a calibration profile (profile.Profile), for mode auto; loaded on first use
@@ -430,11 +438,10 @@ class Engine:
     # ------------------------------------------------------------ prompts
     def prompt_tokens(self, prompt: str | None = None, messages: Sequence[dict[str, str]] | None = None) -> list[int]:
         if messages is not None:
-            text = self.target.render_chat(messages)
-            return self.target.tokenize(text, add_special=True, parse_special=True)
+            return self.tokenize(self.render_chat(messages), parse_special=True)
         if prompt is None:
             raise ConfigError("give a prompt or chat messages")
-        return self.target.tokenize(prompt, add_special=True, parse_special=False)
+        return self.tokenize(prompt)
 
     # ------------------------------------------------------------ generation
     def complete(self, prompt: str | None = None, **kwargs: Any) -> Completion:
@@ -468,6 +475,128 @@ class Engine:
         finally:
             self._lock.release()
 
+    # ------------------------------------------------------------ for the faces and the measuring
+    # What the CLI, the TUI, the bench and calibrate ask of the loaded models: through these, never
+    # through the engine's contexts or KV sequences. Those that touch a context (reset, use_threads,
+    # the timings) run between generations; the others only read what loading fixed (the vocabulary,
+    # the files, model_info): the TUI calls piece() between a generation's events, on its thread.
+
+    @property
+    def has_draft(self) -> bool:
+        return self.draft is not None
+
+    @property
+    def plans_with_profile(self) -> bool:
+        """Whether the configured mode prices its rounds with this device's calibration profile: auto
+        with a draft model (`ssd-edge calibrate`, or the measuring on first use), the target on this
+        device (a profile measures a target here, not one across --rpc servers)."""
+        return self.draft is not None and self.config.mode == "auto" and not self.config.target.rpc
+
+    @property
+    def model_paths(self) -> tuple[Path, Path | None]:
+        """The target's and the draft's files (None: no draft)."""
+        return Path(self.target.path), Path(self.draft.path) if self.draft is not None else None
+
+    @property
+    def model_info(self) -> tuple[ModelInfo | None, ModelInfo | None]:
+        """The target's and the draft's metadata, read when the engine loaded (None: no draft, or a
+        model that cannot tell, as the tests' fakes)."""
+        return self._info
+
+    @property
+    def n_vocab(self) -> int:
+        return self.target.n_vocab
+
+    def tokenize(self, text: str, *, parse_special: bool = False) -> list[int]:
+        """`text` in the target's vocabulary, with its start token; parse_special: read special tokens'
+        text (`<|im_start|>`) as those tokens."""
+        return self.target.tokenize(text, add_special=True, parse_special=parse_special)
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The target's chat template applied to `messages`, with the assistant's turn opened."""
+        return self.target.render_chat(messages)
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token of the target's vocabulary (special tokens: empty)."""
+        return self.target.piece(token)
+
+    def reset(self) -> None:
+        """Forget what the KV caches hold: the next generation reads its prompt from scratch."""
+        for kv in (self.target_kv, self.draft_kv):
+            if kv is not None:
+                kv.truncate(0)
+
+    @property
+    def threads(self) -> tuple[int, int | None]:
+        """The thread counts the target's and the draft's contexts run at now."""
+        return self.target_ctx.threads, self.draft_ctx.threads if self.draft_ctx is not None else None
+
+    def use_threads(self, target: int | None = None, draft: int | None = None) -> None:
+        """Run the target's and the draft's contexts at these thread counts (None: as they are). A
+        generation sets its own split only where the config's threads_follow_mode is on."""
+        if target is not None:
+            self.target_ctx.set_threads(target)
+        if draft is not None and self.draft_ctx is not None:
+            self.draft_ctx.set_threads(draft)
+
+    def time_prefill(self, model: Literal["target", "draft"], prefix: Sequence[int]) -> float:
+        """ms per token of reading `prefix` into `model`'s empty cache (which then holds it)."""
+        kv = self._kv(model)
+        kv.truncate(0)
+        t0 = time.perf_counter()
+        kv.feed(prefix)
+        return (time.perf_counter() - t0) * 1e3 / len(prefix)
+
+    def time_decode(self, model: Literal["target", "draft"], prefix: Sequence[int], batch: Sequence[int],
+                    reps: int = 1) -> float:
+        """Median ms of one decode of `batch` (every row's logits) by `model` after `prefix`, which
+        the cache is made to hold first (untimed); the batch is dropped after each repetition."""
+        kv = self._kv(model)
+        kv.feed(prefix)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            kv.feed([*prefix, *batch], len(batch))
+            times.append((time.perf_counter() - t0) * 1e3)
+            kv.truncate(len(prefix))
+        return statistics.median(times)
+
+    def time_decode_beside(self, prefix: Sequence[int], batch: Sequence[int], seconds: float
+                           ) -> tuple[float, float]:
+        """Median ms of a target decode of `batch` and of a one-token draft step while the other model
+        decodes at the same time (a thread drives the draft's context, this one the target's), over
+        about `seconds`; both after `prefix`."""
+        target, draft = self.target_kv, self._kv("draft")
+        target.feed(prefix)
+        draft.feed(prefix)
+        stop = threading.Event()
+        draft_ms: list[float] = []
+
+        def draft_loop() -> None:  # the draft's context and KVSeq are this thread's until it is joined
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                draft.step(batch[0])
+                draft_ms.append((time.perf_counter() - t0) * 1e3)
+                draft.truncate(len(prefix))
+
+        worker = threading.Thread(target=draft_loop, name="time-draft-beside", daemon=True)
+        target_ms: list[float] = []
+        worker.start()
+        try:
+            t_end = time.perf_counter() + seconds
+            while time.perf_counter() < t_end or len(target_ms) < 2:
+                target_ms.append(self.time_decode("target", prefix, batch))
+        finally:
+            stop.set()
+            worker.join()
+        return statistics.median(target_ms), statistics.median(draft_ms[1:] or draft_ms)
+
+    def _kv(self, model: Literal["target", "draft"]) -> KVSeq:
+        kv = self.target_kv if model == "target" else self.draft_kv
+        if kv is None:
+            raise ConfigError("no draft model is loaded")
+        return kv
+
     def _strategy(self, mode: str, s: SamplingConfig, seed: int, meter: Meter, cancelled: Callable[[], bool],
                   cfg: EngineConfig) -> _Plain:
         ngram = NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max)
@@ -482,6 +611,10 @@ class Engine:
                                    p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
         if mode == "sd":
             return _Draft(drafter, cancelled)
+        from .planner import Planner  # ssd's and auto's modules, imported by those modes alone
+        from .policy import PrespecPolicy
+        from .prespec import PrespecWorker
+
         if mode == "auto":
             worker = None
             if drafter is not None and self.runs_beside(cfg) and p.budget_cells > 0:
@@ -555,7 +688,7 @@ class Engine:
         finally:
             self._end_strategy(strategy)
         tail = text.finish()
-        stats = meter.summary(seed=None if s.greedy else seed, auto=strategy.report())
+        stats = meter.stats(seed=None if s.greedy else seed, auto=strategy.report())
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     @staticmethod
@@ -621,10 +754,8 @@ class Engine:
         return curve[0] if curve else None
 
     def _end_strategy(self, strategy: _Plain) -> None:
-        strategy.close()
-        if self._worker is not None:  # the worker may have moved the draft's main sequence
-            self.draft_kv = self._worker.drafter.kv
-            self._worker = None
+        strategy.close()  # the worker's draft sequence is draft_kv itself (moved back to 0 by close)
+        self._worker = None
 
     def close(self) -> None:
         for obj in (self.draft_ctx, self.target_ctx, self.draft, self.target):

@@ -1,7 +1,7 @@
 """Typed, immutable events: the one stream that the CLI, the TUI, the benchmark
 and the Python API all consume. `Engine.generate` yields TokenEvents as tokens
 are committed, then exactly one FinishEvent, whose Stats the meter
-(metrics.Meter.summary) builds once and every face reads."""
+(metrics.Meter.stats) builds once and every face reads."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ class AutoStats:
 
 @dataclass(frozen=True)
 class Stats:
-    """One generation's measurements (FinishEvent.stats), built once by metrics.Meter.summary.
+    """One generation's measurements (FinishEvent.stats), built once by metrics.Meter.stats.
     to_dict() is the JSON form that `generate --json`, bench.json and the server's
     `speculation` object carry."""
 

@@ -1,9 +1,17 @@
 """KVSeq: which token ids one sequence of a context's KV cache holds.
 
 The invariant: `tokens[i]` is stored at position i of sequence `seq`, for all
-i < len(tokens), and nothing else is stored in that sequence. Rolling back
-rejected tokens is `feed` with a shorter history: one seq_rm and one slice, here
-and nowhere else.
+i < len(tokens), and nothing else is stored in that sequence. Only KVSeq's own
+operations change `tokens` (read it anywhere, edit it nowhere else):
+
+    feed(full)         make the sequence hold `full` (keeps the cached prefix, decodes the rest)
+    step(token)        decode one token at the next position, append it, return its logit row
+    truncate(n)        keep the first n tokens (rolling back rejected ones: one seq_rm, one slice)
+    adopt(seq, tokens) become sequence `seq`, which holds `tokens` already (an SSD branch handed over)
+    move_to(seq)       carry the cells and tokens over to sequence `seq`
+
+Pre-speculation (prespec.py) decodes its branches into sequences no KVSeq holds;
+one becomes the draft's main sequence only through adopt().
 """
 
 from __future__ import annotations
@@ -29,16 +37,47 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class KVSeq:
+    """One sequence of a context and the tokens it holds. Used by one thread at a time: whichever
+    drives the context (the engine, or SSD's worker for the draft)."""
+
     def __init__(self, ctx: BackendContext, seq: int = 0) -> None:
         self.ctx = ctx
         self.seq = seq
-        self.tokens: list[int] = []
+        self._tokens: list[int] = []
+
+    @property
+    def tokens(self) -> Sequence[int]:
+        """The token ids held, position by position (the list itself: read it, do not edit it)."""
+        return self._tokens
 
     def truncate(self, n: int) -> None:
         """Keep only the first n tokens."""
-        if n < len(self.tokens):
+        if n < len(self._tokens):
             self.ctx.seq_rm(self.seq, n, -1)
-            del self.tokens[n:]
+            del self._tokens[n:]
+
+    def step(self, token: int) -> np.ndarray:
+        """Decode `token` at the next position and hold it; its logit row, shape (n_vocab,)."""
+        row = self.ctx.decode([token], [len(self._tokens)], [self.seq], [0])[0]
+        self._tokens.append(token)
+        return row
+
+    def adopt(self, seq: int, tokens: Sequence[int]) -> int:
+        """Become sequence `seq`, whose cells already hold `tokens` (decoded elsewhere: a pre-speculation
+        branch). The cells of the sequence held so far are removed; its id is returned, free again."""
+        old = self.seq
+        self.ctx.seq_rm(old, 0, -1)
+        self.seq, self._tokens = seq, list(tokens)
+        return old
+
+    def move_to(self, seq: int) -> None:
+        """Carry the cells and the tokens over to sequence `seq` (whatever it held is dropped)."""
+        if seq == self.seq:
+            return
+        self.ctx.seq_rm(seq, 0, -1)
+        self.ctx.seq_cp(self.seq, seq, 0, -1)
+        self.ctx.seq_rm(self.seq, 0, -1)
+        self.seq = seq
 
     def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None,
              chunk: int | None = None) -> np.ndarray:
@@ -51,7 +90,7 @@ class KVSeq:
         """
         if len(full) > self.ctx.n_ctx:
             raise ContextFullError(f"{len(full)} tokens do not fit in a context of {self.ctx.n_ctx}")
-        keep = min(common_prefix(self.tokens, full), len(full) - rows)
+        keep = min(common_prefix(self._tokens, full), len(full) - rows)
         self.truncate(keep)
         todo = list(full[keep:])
         out: list[np.ndarray] = []
@@ -64,6 +103,6 @@ class KVSeq:
             first_row = len(todo) - rows  # index in todo of the first token whose logits are wanted
             want = [i for i in range(len(chunk)) if start + i >= first_row]
             out.append(self.ctx.decode(chunk, range(pos, pos + len(chunk)), [self.seq] * len(chunk), want))
-            self.tokens.extend(chunk)
+            self._tokens.extend(chunk)
             pos += len(chunk)
         return np.concatenate(out) if out else np.empty((0, self.ctx.model.n_vocab), np.float32)

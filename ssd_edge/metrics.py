@@ -1,7 +1,9 @@
 """Per-generation measurements: throughput, acceptance, pre-speculation hit
 rate, latency split by hit and miss, utilization. One Meter per generation,
-owned by the loop that runs it; nothing here is shared between threads except
-through BusyClock, whose add() is a single float update under a lock."""
+owned by the engine thread that runs it. The pre-speculation worker thread
+(prespec.py) writes only through two parts made for it, each under its own
+lock: BusyClock (the draft's busy seconds) and BranchTally (what the branches
+prepared, handed over and hold)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,48 @@ class BusyClock:
     def add(self, dt: float) -> None:
         with self._lock:
             self.seconds += dt
+
+
+class Ema:
+    """Exponential moving average; with no initial value the first sample sets it."""
+
+    def __init__(self, value: float | None, alpha: float = 0.2) -> None:
+        self.value = value
+        self.alpha = alpha
+
+    def add(self, x: float) -> float:
+        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
+        return self.value
+
+
+class BranchTally:
+    """Pre-speculation's counts: written by the worker thread as it drafts branches and hands them
+    over, read by the engine thread for each round's gauges and the final Stats; under one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._prepared = 0    # draft tokens made ahead of time
+        self._used = 0        # of those, handed to the target
+        self._cells = 0       # KV cells the branches hold now
+        self._cells_peak = 0
+
+    def add_prepared(self, n: int) -> None:
+        with self._lock:
+            self._prepared += n
+
+    def add_used(self, n: int) -> None:
+        with self._lock:
+            self._used += n
+
+    def set_cells(self, cells: int) -> None:
+        with self._lock:
+            self._cells = cells
+            self._cells_peak = max(self._cells_peak, cells)
+
+    def read(self) -> tuple[int, int, int, int]:
+        """(prepared, used, cells, cells_peak), one consistent reading."""
+        with self._lock:
+            return self._prepared, self._used, self._cells, self._cells_peak
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -57,10 +101,7 @@ class Meter:
         self.latency_ms: dict[str, list[float]] = {"hit": [], "partial": [], "miss": [], "none": []}
         self.speculators: Counter[str] = Counter()
         self.prespec: Counter[str] = Counter()
-        self.prepared_tokens = 0  # draft tokens made by pre-speculation
-        self.used_tokens = 0      # of those, handed to the target
-        self.branch_cells = 0
-        self.branch_cells_peak = 0
+        self.branches = BranchTally()  # written by the pre-speculation worker
         self.budget_cells = budget_cells
         self.cell_bytes = 0  # draft KV bytes per cell, when known
         self.state = mode
@@ -89,10 +130,6 @@ class Meter:
             per_token = r.wall_ms / emitted
             self.latency_ms[r.prespec or "none"].extend([per_token] * emitted)
 
-    def set_branch_cells(self, cells: int) -> None:
-        self.branch_cells = cells
-        self.branch_cells_peak = max(self.branch_cells_peak, cells)
-
     # ------------------------------------------------------------ reading
     def elapsed(self) -> float:
         return max(time.perf_counter() - self.t0, 1e-9)
@@ -107,13 +144,14 @@ class Meter:
 
     def live(self) -> LiveStats:
         wall = self.elapsed()
+        _, _, cells, _ = self.branches.read()
         return LiveStats(
             tokens=self.tokens, tokens_per_s=self.tokens / wall, acceptance=self.acceptance(),
             hit_rate=self.hit_rate(), draft_util=min(1.0, self.draft_busy.seconds / wall),
-            target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=self.branch_cells,
+            target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=cells,
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
-    def summary(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
+    def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
         """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
         greedy); auto: mode auto's report (the planner's figures and "concurrent")."""
         wall = self.elapsed()
@@ -123,6 +161,7 @@ class Meter:
         lookups = sum(self.prespec.values())
         all_lat = [x for v in self.latency_ms.values() for x in v]
         miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
+        prepared, used, _, cells_peak = self.branches.read()
         prespec = PrespecStats(
             lookups=lookups, hits=self.prespec["hit"], partial_hits=self.prespec["partial"],
             misses=self.prespec["miss"], hit_rate=self.hit_rate(),
@@ -130,10 +169,8 @@ class Meter:
             health=hit_rate_health(self.hit_rate()),
             latency_ms_hit_p50=_pct(self.latency_ms["hit"], 50), latency_ms_hit_p95=_pct(self.latency_ms["hit"], 95),
             latency_ms_miss_p50=_pct(miss_lat, 50), latency_ms_miss_p95=_pct(miss_lat, 95),
-            prepared_tokens=self.prepared_tokens, used_tokens=self.used_tokens,
-            waste=1 - self.used_tokens / self.prepared_tokens if self.prepared_tokens else None,
-            branch_cells_peak=self.branch_cells_peak, budget_cells=self.budget_cells,
-            branch_bytes_peak=self.branch_cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes)
+            prepared_tokens=prepared, used_tokens=used, waste=1 - used / prepared if prepared else None,
+            branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes)
         return Stats(
             mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=len(self.rounds), wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),

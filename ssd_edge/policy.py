@@ -12,33 +12,38 @@
   off (plain `sd`) and probed again `probe_every` rounds later;
 - with an SLA (ms per token), pre-speculation is cut while latency exceeds it.
 
-Pure state and arithmetic: no threads, no models; tested with plain numbers.
+Pure state and arithmetic, no models; tested with plain numbers. Used by the
+engine thread alone: the pre-speculation worker (prespec.py) never reads the
+policy, only the frozen PolicySnapshot the engine takes when it starts a
+verify and hands over with it (PrespecWorker.verifying).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from .config import PrespecConfig
-from .events import HIT_RATE_HEALTHY, HIT_RATE_POOR
+from .metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
 
+# The window's own thresholds (the UI's health colours, events.HIT_RATE_*, are a separate choice
+# that happens to share these values): over the last 16 lookups,
+GROW_HIT_RATE = 0.70     # at least this hit rate (with acceptance >= GROW_ACCEPTANCE): one more outcome
+GROW_ACCEPTANCE = 0.6
+SHRINK_HIT_RATE = 0.50   # below this: one fewer
 
-class Ema:
-    """Exponential moving average; with no initial value the first sample sets it."""
 
-    def __init__(self, value: float | None, alpha: float = 0.2) -> None:
-        self.value = value
-        self.alpha = alpha
+class PolicySnapshot(NamedTuple):
+    """What pre-speculating one round needs of the policy, as it stood when the round's verify began."""
 
-    def add(self, x: float) -> float:
-        self.value = x if self.value is None else self.value + self.alpha * (x - self.value)
-        return self.value
+    enabled: bool           # prespec_enabled
+    p_accept: np.ndarray    # outcome_probs(k) for the draft being verified: P(a accepted), a = 0..k
+    fanout: int             # the window: most outcomes to prepare
 
 
 @dataclass
@@ -80,10 +85,10 @@ class PrespecPolicy:
         if draft_step_ms is not None:
             self.costs.draft_step_ms.add(draft_step_ms)
 
-    def observe_verify(self, drafted: int, accepted: int, source: str) -> None:
+    def observe_verify(self, drafted: int, accepted: int, speculator: str) -> None:
         if drafted == 0:
             return
-        if source == "ngram":
+        if speculator == "ngram":
             self.ngram_accept.add(accepted / drafted)
             return
         for i in range(min(drafted, len(self.alpha))):
@@ -100,9 +105,9 @@ class PrespecPolicy:
         rate = self.hit_rate()
         acc = self.acceptance()
         if rate is not None and len(self.recent_hits) >= 4:
-            if rate >= HIT_RATE_HEALTHY and acc >= 0.6:
+            if rate >= GROW_HIT_RATE and acc >= GROW_ACCEPTANCE:
                 self.fanout = min(self.fanout + 1, self.cfg.fanout_max)
-            elif rate < HIT_RATE_POOR:
+            elif rate < SHRINK_HIT_RATE:
                 self.fanout = max(self.fanout - 1, self.cfg.fanout_min)
 
     def observe_round(self, ms_per_token: float) -> None:
@@ -130,6 +135,10 @@ class PrespecPolicy:
     @property
     def prespec_enabled(self) -> bool:
         return self.state == "ssd" and self.cfg.budget_cells > 0
+
+    def snapshot(self, k: int) -> PolicySnapshot:
+        """The policy as the worker may see it while it pre-speculates after a draft of k tokens."""
+        return PolicySnapshot(self.prespec_enabled, self.outcome_probs(k), self.fanout)
 
     def hit_rate(self) -> float | None:
         return float(np.mean(self.recent_hits)) if self.recent_hits else None

@@ -43,9 +43,9 @@ import numpy as np
 from .config import PrespecConfig
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
 from .interface import Aborted
-from .kvseq import Cancelled, KVSeq, common_prefix
+from .kvseq import Cancelled, common_prefix
 from .metrics import Meter
-from .policy import PrespecPolicy
+from .policy import PolicySnapshot, PrespecPolicy
 
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
@@ -151,13 +151,22 @@ class PrespecWorker:
     extend() / draft_now() (blocking; answered between two draft decodes) and
     verifying() (returns at once; starts pre-speculation). It prepares what the
     policy's window and budget allow and never decides how much a round verifies:
-    that is the engine's planner."""
+    that is the engine's planner.
+
+    Between the two threads only the queues carry values: the engine's calls and
+    their answers, and with verifying() a PolicySnapshot (the policy itself is the
+    engine thread's). The drafter, its KVSeq and the draft context are the worker's;
+    the engine reads drafter.kv only while the worker waits for a call (after an
+    answer, before the next verifying()), and drafter.timing, which only a call
+    (extend) writes, after that call's answer. The worker writes the Meter
+    only through meter.branches and drafter.busy, both locked."""
 
     def __init__(self, drafter: ModelDrafter, policy: PrespecPolicy, cfg: PrespecConfig, meter: Meter,
                  n_seq: int, cancelled: Callable[[], bool] | None = None) -> None:
         self.drafter = drafter
         self.ctx = drafter.ctx
-        self.policy = policy
+        self.policy = policy  # the engine thread's (it observes rounds through it); verifying() snapshots it
+        self._policy: PolicySnapshot | None = None  # the worker's copy for the round it prepares
         self.cfg = cfg
         self.meter = meter
         self.cancelled = cancelled
@@ -202,7 +211,8 @@ class PrespecWorker:
         self.ctx.abort.set()
 
     def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
-        self._inbox.put(("verifying", (list(history), draft, k_next)))
+        # the policy is the engine thread's: the worker gets a snapshot of it, taken here
+        self._inbox.put(("verifying", (list(history), draft, k_next, self.policy.snapshot(len(draft)))))
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
@@ -268,14 +278,10 @@ class PrespecWorker:
         # The branch becomes the main sequence; every other sequence goes.
         self.cache.branches.pop((br.a, br.b))
         self._drop_branches()
-        old = self.drafter.kv.seq
-        self.ctx.seq_rm(old, 0, -1)
-        self.free_seqs.append(old)
-        kv = KVSeq(self.ctx, br.seq)
         fed = br.pos - len(history)  # drafted tokens already in the branch's KV (-1: not even b yet)
-        kv.tokens = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
-        self.drafter.kv = kv
-        self.meter.used_tokens += min(len(br.tokens), k)
+        held = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
+        self.free_seqs.append(self.drafter.kv.adopt(br.seq, held))
+        self.meter.branches.add_used(min(len(br.tokens), k))
         finished = br.done or len(br.tokens) >= k
         return LookupResult("hit" if finished else "partial", br.draft(k), finished)
 
@@ -285,7 +291,7 @@ class PrespecWorker:
         t0 = time.perf_counter()
         try:
             return self.drafter.extend(history, br.tokens, br.cands, k=k, cancelled=self.cancelled,
-                                       source="prespec")
+                                       speculator="prespec")
         finally:
             self._busy(t0)
 
@@ -293,13 +299,14 @@ class PrespecWorker:
         for br in self.cache.pop_all():
             self.ctx.seq_rm(br.seq, 0, -1)
             self.free_seqs.append(br.seq)
-        self.meter.set_branch_cells(0)
+        self.meter.branches.set_cells(0)
 
-    def _prespec(self, history: list[int], draft: Draft, k_next: int) -> None:
+    def _prespec(self, history: list[int], draft: Draft, k_next: int, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
-        if not self.policy.prespec_enabled or self._interrupted():
+        if not policy.enabled or self._interrupted():
             return
+        self._policy = policy  # what _prepare ranks outcomes by
         self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
         t0 = time.perf_counter()
         try:
@@ -333,7 +340,7 @@ class PrespecWorker:
             return
         # only the last draft token is new to a model draft: its row gives the bonus candidates
         cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
-        plan = rank_outcomes(draft.tokens, cands, self.policy.outcome_probs(k), fanout=self.policy.fanout,
+        plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
                              cells_per_branch=k_next)
         if not plan:
@@ -384,23 +391,16 @@ class PrespecWorker:
                 br.tokens.append(t)
                 br.cands.append(top_candidates(row, drafter.cand_temperature()))
                 br.feed = t
-                self.meter.prepared_tokens += 1
+                self.meter.branches.add_prepared(1)
                 br.done = len(br.tokens) >= depth
             cells = self.cache.cells()
             self.max_cells_seen = max(self.max_cells_seen, cells)
-            self.meter.set_branch_cells(cells)
+            self.meter.branches.set_cells(cells)
 
     def _finish(self) -> None:
         """Drop branches and move the main sequence back to 0 for the next generation."""
         try:
             self._drop_branches()
-            kv = self.drafter.kv
-            if kv.seq != 0:
-                self.ctx.seq_rm(0, 0, -1)
-                self.ctx.seq_cp(kv.seq, 0, 0, -1)
-                self.ctx.seq_rm(kv.seq, 0, -1)
-                new = KVSeq(self.ctx, 0)
-                new.tokens = kv.tokens
-                self.drafter.kv = new
+            self.drafter.kv.move_to(0)
         except BaseException as e:  # pragma: no cover - reported at the next use
             self.error = e

@@ -4,7 +4,7 @@ A Profile holds what `ssd-edge calibrate` measured on one device for one
 (target, draft) pair: the cost of one llama_decode of n tokens for each model
 at each thread count, how much each slows down while the other decodes at the
 same time, and the acceptance seen on a short probe. `Profile.choose(config)`
-turns that into a Choice (mode, k, thread split, pre-speculation window) by
+turns that into a Choice (mode, k, thread split, most outcomes pre-speculated) by
 maximising expected tokens per second. Mode `auto` uses the profile twice: to
 decide whether the draft runs beside the target (the thread split) and as the
 round planner's verify-cost curve (planner.py), which then re-decides every
@@ -105,8 +105,8 @@ def ssd_rate(alpha: float, k: int, hit: float, draft_ms: float, verify_overlap_m
     """The draft prepares the next round (k decodes per branch) while the target verifies;
     a miss (probability 1 - hit) first drafts k tokens just in time."""
     hit = min(max(hit, 0.0), 1.0)
-    shadow = max(interp_ms(verify_overlap_ms, k + 1), k * draft_overlap_ms)
-    return 1000.0 * expected_tokens(alpha, k) / (shadow + (1.0 - hit) * k * draft_ms)
+    both_ms = max(interp_ms(verify_overlap_ms, k + 1), k * draft_overlap_ms)  # verify and drafting side by side
+    return 1000.0 * expected_tokens(alpha, k) / (both_ms + (1.0 - hit) * k * draft_ms)
 
 
 def expected_hit_rate(alpha: float, k: int) -> float:
@@ -124,15 +124,15 @@ def lookup_rate(ngram_alpha: float, proposal_rate: float, k: int, verify_ms: lis
     return 1000.0 * tokens / ms
 
 
-def prespec_window(k: int, draft_ms: list[float], verify_overlap_ms: list[float], draft_overlap_factor: float,
+def prespec_fanout(k: int, draft_ms: list[float], verify_overlap_ms: list[float], draft_overlap_factor: float,
                    most: int) -> int:
     """The most outcomes worth preparing per round: the likeliest branch alone, then the others
-    together in one batch per depth step, all within the shadow of the target's verify."""
-    shadow = interp_ms(verify_overlap_ms, k + 1)
+    together in one batch per depth step, all within the time of the target's verify."""
+    verify_ms = interp_ms(verify_overlap_ms, k + 1)
     best = 1
     for w in range(2, most + 1):
         cost = k * draft_overlap_factor * (draft_ms[0] + interp_ms(draft_ms, w - 1))
-        if cost > shadow:
+        if cost > verify_ms:
             break
         best = w
     return best
@@ -211,7 +211,7 @@ class Choice(BaseModel):
     k: int
     target_threads: int
     draft_threads: int
-    window: int = Field(description="pre-speculation window: most outcomes prepared per round (fanout_max)")
+    fanout_max: int = Field(description="most pre-speculated outcomes per round (the policy's window grows up to it)")
     expected_tokens_per_s: float
     assumed: Acceptance
 
@@ -224,7 +224,7 @@ class Choice(BaseModel):
         cfg["target"]["threads"] = self.target_threads
         if cfg.get("draft") is not None:
             cfg["draft"]["threads"] = self.draft_threads
-        cfg["prespec"]["fanout_max"] = max(self.window, cfg["prespec"]["fanout_min"])
+        cfg["prespec"]["fanout_max"] = max(self.fanout_max, cfg["prespec"]["fanout_min"])
         return EngineConfig.build(**cfg)
 
 
@@ -258,7 +258,7 @@ class Profile(BaseModel):
             if c.target_threads > t_cap or (config.draft is not None and c.draft_threads > d_cap):
                 continue
             has_draft = config.draft is not None and self.draft is not None
-            own = Choice(mode="ar", k=0, target_threads=c.target_threads, draft_threads=c.draft_threads, window=1,
+            own = Choice(mode="ar", k=0, target_threads=c.target_threads, draft_threads=c.draft_threads, fanout_max=1,
                          expected_tokens_per_s=ar_rate(c.target_ms), assumed=acc)
             out.append(own)
             for k in range(1, k_top + 1):
@@ -273,7 +273,7 @@ class Profile(BaseModel):
                 hit = acc.hit_rate if acc.hit_rate is not None else expected_hit_rate(acc.alpha, k)
                 out.append(own.model_copy(update=dict(
                     mode="ssd", k=k,
-                    window=prespec_window(k, c.draft_ms, v_over, c.draft_overlap, config.prespec.fanout_max),
+                    fanout_max=prespec_fanout(k, c.draft_ms, v_over, c.draft_overlap, config.prespec.fanout_max),
                     expected_tokens_per_s=ssd_rate(acc.alpha, k, hit, c.draft_ms[0], v_over,
                                                    c.draft_ms[0] * c.draft_overlap))))
         return out

@@ -4,7 +4,7 @@ and the real event types (TokenEvent, Round, LiveStats, FinishEvent).
 
 The reply's words (each with its leading space) are its tokens. They come out
 in rounds that cycle through a script of Steps; the finish stats are a real
-Meter's summary, with every figure that a clock would give (wall time, speed,
+Meter's Stats, with every figure that a clock would give (wall time, speed,
 time to first token) computed from the script instead, so screenshots are
 stable. Two scripts: PATTERN (the default) shows every provenance: a
 pre-speculation hit, an accepted draft, an n-gram backup; ONE_WORD emits a word
@@ -165,12 +165,19 @@ class ScriptedEngine:
             if self.gate is not None:  # a test holds the stream here until it has looked
                 while not self.gate.wait(0.01) and not cancel.is_set():
                     pass
-        stats = meter.summary()
+        stats = meter.stats()
         if wall:  # the clock's figures, from the script
             rate = 1e3 * len(out) / wall
             stats = dataclasses.replace(stats, wall_s=wall / 1e3, ttft_s=first_wall / 1e3, tokens_per_s=rate,
                                         end_to_end_tokens_per_s=rate)
         yield FinishEvent(self._text(out), tuple(out), reason, stats, message, "")
+
+    @property
+    def model_info(self) -> tuple[ModelInfo | None, ModelInfo | None]:
+        return self.target.info(), self.draft.info() if self.draft is not None else None
+
+    def piece(self, token: int) -> bytes:
+        return self.target.piece(token)
 
     def _text(self, tokens: list[int]) -> str:
         return b"".join(self.target.piece(t) for t in tokens).decode()

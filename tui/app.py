@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -27,47 +28,31 @@ from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import Worker
 
 from ssd_edge import catalog, paths
-from ssd_edge.config import EngineConfig
+from ssd_edge.catalog import load_catalog
+from ssd_edge.config import MODES, EngineConfig, ModelConfig
+from ssd_edge.errors import ConfigError
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
-from .controls import Controls
-from .engine_host import EngineHost
+from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .live import LiveModel, finish_note
-from .loader import EngineFactory
-from .messages import LogNotice, NoticeHandler, StreamWake
+from .loader import (EngineFactory, calibrating_engine_factory, default_engine_factory, load_engine, missing_models,
+                     model_label, pull_models)
+from .messages import EngineFailed, EngineLoaded, LogNotice, NoticeHandler, PullFinished, PullProgress, StreamWake
+from .screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from .stream import Chunk, Failure, Outbox, run_generation
 from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
 from .widgets.panel import LivePanel
 
-log = logging.getLogger(__name__)
-
 RENDER_INTERVAL = 0.05  # seconds between redraws of streaming text and gauges
+EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
+              ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
 
 
-def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
-    from ssd_edge.engine import Engine  # imported here: loading llama.cpp is the worker's job
+class SSDEdgeApp(App[int]):
+    """The app: its layout, a reply streaming in, the engine's life (load, pull, switch, settings)
+    and the user's verbs (keys, palette, dialogs), each a section below; state lives here alone."""
 
-    return Engine(config, models_dir=models_dir)
-
-
-def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
-    """The default factory, and the first time mode auto meets the pair on this device, its
-    measurement (a longer "loading…"; `ssd-edge calibrate` shows the details)."""
-    from ssd_edge.calibrate import calibrate_first_use, needs_first_use
-
-    engine = default_engine_factory(config, models_dir)
-    try:
-        if needs_first_use(engine):
-            log.info("first use of this pair on this device: calibrating for mode auto")
-            calibrate_first_use(engine)
-    except BaseException:
-        engine.close()
-        raise
-    return engine
-
-
-class SSDEdgeApp(EngineHost, Controls, App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "ssd-edge"
     COMMANDS = App.COMMANDS | {SSDEdgeCommands}
@@ -250,6 +235,220 @@ class SSDEdgeApp(EngineHost, Controls, App[int]):
                 pending, self.pending = self.pending, {}
                 if error := self.configure(pending):
                     self.notify(error, title="Settings not applied", severity="error")
+
+    # ------------------------------------------------------------ the engine's life
+    # Built in a worker (with load progress), models pulled when missing, switched, reconfigured.
+    def start_load(self, config: EngineConfig, old_engine: Any = None) -> None:
+        self.phase, self.config, self._load_started = "loading", config, self.clock()
+        self.sub_title = model_label(config)
+        panel = self.query_one(LivePanel)
+        panel.show_models(None, config, "loading…")
+        panel.show_settings(config, self.live)
+        self.set_status(f"Loading {model_label(config)}…")
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=None)
+        bar.display = True
+
+        def body() -> None:
+            if old_engine is not None:
+                old_engine.close()
+            load_engine(self.engine_factory, config, self.models_dir, self.post_message)
+
+        self.jobs["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
+
+    def _tick(self) -> None:
+        if self.phase == "loading":
+            self.set_status(f"Loading {model_label(self.config)}… {self.clock() - self._load_started:.0f} s")
+
+    def on_engine_loaded(self, msg: EngineLoaded) -> None:
+        self.engine, self.phase, self.fallback = msg.engine, "ready", None
+        self.config = getattr(msg.engine, "config", self.config)
+        self.query_one("#progress").display = False
+        panel = self.query_one(LivePanel)
+        panel.show_models(self.engine.model_info, self.config)
+        panel.show_settings(self.config, self.live)
+        self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
+
+    def on_engine_failed(self, msg: EngineFailed) -> None:
+        self.phase, self.exit_code = "failed", msg.exit_code
+        self.query_one("#progress").display = False
+        self.query_one(LivePanel).show_models(None, self.config, "not loaded")
+        if msg.missing:
+            self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
+            self.push_screen(MissingModelsScreen(msg.missing, msg.error, self.fallback is not None),
+                             partial(self._missing_choice, msg.missing))
+        elif self.fallback is not None:
+            self.notify(msg.error, title="Could not load the models; back to the previous ones", severity="error",
+                        timeout=10)
+            config, self.fallback = self.fallback, None
+            self.start_load(config)
+        else:
+            self.set_status(f"{msg.error}  ·  F6 picks other models · Ctrl+Q quits", error=True)
+
+    def _missing_choice(self, models: list, choice: str | None) -> None:
+        if choice == "pull":
+            self.start_pull(models)
+        elif choice == "pick":
+            self.action_pick_models()
+        elif choice == "back" and self.fallback is not None:
+            config, self.fallback = self.fallback, None
+            self.start_load(config)
+        else:
+            self.exit(return_code=self.exit_code)
+
+    def start_pull(self, models: list) -> None:
+        self.phase = "pulling"
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=sum(m.size for m in models), progress=0)
+        bar.display = True
+        self.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
+        body = partial(pull_models, models, self.models_dir, self.pull, self.pull_cancel, self.post_message)
+        self.jobs["pull"] = self.run_worker(body, thread=True, group="pull", exit_on_error=False)
+
+    def on_pull_progress(self, msg: PullProgress) -> None:
+        self.query_one("#progress", ProgressBar).update(total=msg.total, progress=msg.done)
+        self.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
+
+    def on_pull_finished(self, msg: PullFinished) -> None:
+        self.query_one("#progress").display = False
+        missing = missing_models(self.config, self.models_dir)
+        if msg.error or missing:
+            self.phase = "failed"
+            error = msg.error or "the pull ended but models are still missing"
+            self.set_status(error, error=True)
+            self.push_screen(MissingModelsScreen(missing, error, self.fallback is not None),
+                             partial(self._missing_choice, missing))
+        else:
+            self.start_load(self.config)
+
+    def switch_models(self, target: str, draft: str | None) -> None:
+        """Rebuild the engine on other models (the chat stays)."""
+        cfg = self.config
+        t = cfg.target.model_copy(update={"path": target})
+        d = None
+        if draft is not None:
+            d = (cfg.draft or ModelConfig(path=draft, threads=cfg.target.threads)).model_copy(update={"path": draft})
+        mode = cfg.mode if d is not None or cfg.mode not in ("sd", "ssd") else "lookup"
+        if mode != cfg.mode:
+            self.notify(f"no draft model: mode {cfg.mode} -> {mode}")
+        old, self.engine = self.engine, None
+        self.fallback = cfg if old is not None else None
+        self.start_load(cfg.model_copy(update={"target": t, "draft": d, "mode": mode}), old_engine=old)
+
+    def configure(self, changes: dict[str, Any]) -> str | None:
+        """Apply mode / k / temperature / max tokens; an error line, or None when applied (or queued)."""
+        changes = dict(changes)
+        max_tokens = changes.pop("max_tokens", self.max_tokens)
+        if max_tokens < 1:
+            return "max tokens must be at least 1"
+        if self.engine is None:
+            return "no model is loaded yet"
+        if self.phase == "generating":
+            self.pending.update(changes, max_tokens=max_tokens)
+            self.notify("applies when this reply ends")
+            return None
+        try:
+            self.config = self.engine.configure(**changes)
+        except ConfigError as e:
+            return str(e)
+        self.max_tokens = max_tokens
+        self.query_one(LivePanel).show_settings(self.config, self.live)
+        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k} · "
+                        f"temperature {self.config.sampling.temperature:g}")
+        return None
+
+    # ------------------------------------------------------------ the user's verbs
+    def _busy(self, what: str) -> bool:
+        if self.phase == "generating":
+            self.notify(f"a reply is being written: Esc stops it, then {what}", severity="warning")
+            return True
+        return False
+
+    def action_stop(self) -> None:
+        if self.phase == "generating" and not self.cancel.is_set():
+            self.cancel.set()
+            self.set_status("Stopping…")
+
+    def action_new_chat(self) -> None:
+        if self._busy("start a new chat"):
+            return
+        self.show_chat(self.store.new(self.clock(), system=self.chat.system))
+        self.query_one(PromptInput).focus()
+
+    def action_open_chats(self) -> None:
+        if self._busy("open another chat"):
+            return
+        self.push_screen(ChatsScreen(self.store.list(), self._delete_chat), self._open_chat)
+
+    def _delete_chat(self, chat_id: str) -> None:
+        self.store.delete(chat_id)
+        if chat_id == self.chat.id:  # the open chat is gone: carry on in a fresh one
+            self.show_chat(self.store.new(self.clock(), system=self.chat.system))
+
+    def _open_chat(self, chat_id: str | None) -> None:
+        if not chat_id:
+            return
+        try:
+            chat = self.store.load(chat_id)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            self.notify(f"cannot open chat {chat_id}: {e}", severity="error")
+            return
+        self.show_chat(chat)
+        self.set_status(f"Opened “{chat.title}” ({len(chat.messages)} messages)")
+
+    def action_system_prompt(self) -> None:
+        def done(text: str | None) -> None:
+            if text is not None:
+                self.chat.system = text
+                self.show_chat_title()
+                self.save_chat()
+
+        self.push_screen(SystemPromptScreen(self.chat.system), done)
+
+    def action_toggle_provenance(self) -> None:
+        chat_view = self.query_one(ChatView)
+        on = not chat_view.show_provenance
+        chat_view.set_provenance(on)
+        self.query_one("#legend").set_class(on, "-on")
+
+    def action_settings(self) -> None:
+        self.push_screen(SettingsScreen(self.config, self.max_tokens, self.configure))
+
+    def action_set_mode(self, mode: str) -> None:
+        if error := self.configure({"mode": mode}):
+            self.notify(error, title="Mode not changed", severity="error")
+        else:
+            self.notify(f"mode {mode}")
+
+    def action_cycle_mode(self) -> None:
+        self.action_set_mode(MODES[(MODES.index(self.config.mode) + 1) % len(MODES)])
+
+    def action_pick_models(self) -> None:
+        if self._busy("pick models") or self.phase in ("loading", "pulling"):
+            if self.phase != "generating":
+                self.notify("wait until the current load or pull ends", severity="warning")
+            return
+        try:
+            cat = load_catalog()
+        except (OSError, ValueError) as e:
+            self.notify(f"cannot read the model catalog: {e}", severity="error")
+            return
+
+        def done(choice: tuple[str, str | None] | None) -> None:
+            if choice is not None:
+                self.switch_models(*choice)
+
+        self.push_screen(ModelsScreen(cat, self.config, self.models_dir), done)
+
+    def action_help(self) -> None:
+        keys = [(b.key.replace("escape", "esc"), b.tooltip or b.description) for b in self.BINDINGS]
+        self.push_screen(HelpScreen(EXTRA_KEYS + keys))
+
+    def action_screenshot(self) -> None:
+        folder = os.environ.get("SSD_EDGE_SCREENSHOTS", os.getcwd())
+        name = time.strftime("ssd-edge-%Y%m%d-%H%M%S.svg", time.localtime(self.clock()))
+        path = self.save_screenshot(filename=name, path=folder)
+        self.notify(f"saved {path}")
 
     # ------------------------------------------------------------ shutdown
     async def action_quit(self) -> None:

@@ -1,6 +1,8 @@
 """Building the engine and pulling missing models, off the UI thread.
 
-Both functions are worker bodies: they block, and report only by posting
+The engine factories (the default one, and one that measures the device the
+first time mode auto meets a pair) run in the load worker. load_engine and
+pull_models are worker bodies: they block, and report only by posting
 messages (`post`), so the UI can show progress and turn failures into
 friendly states instead of tracebacks.
 """
@@ -25,6 +27,30 @@ log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[EngineConfig, "str | None"], Any]
 Post = Callable[[Message], Any]
+
+
+def default_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
+    from ssd_edge.engine import Engine  # imported here: loading llama.cpp is the worker's job
+
+    return Engine(config, models_dir=models_dir)
+
+
+def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> Any:
+    """The default factory, and the first time mode auto meets the pair on this device, its
+    measurement (a longer "loading…"; `ssd-edge calibrate` shows the details)."""
+    engine = default_engine_factory(config, models_dir)
+    if not engine.plans_with_profile:
+        return engine
+    from ssd_edge.calibrate import calibrate_first_use, needs_first_use
+
+    try:
+        if needs_first_use(engine):
+            log.info("first use of this pair on this device: calibrating for mode auto")
+            calibrate_first_use(engine)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 class PullCancelled(Exception):

@@ -79,8 +79,8 @@ class Segmenter:
     those pieces do not add up to the delta (a held-back stop string, say),
     the delta goes whole to the round's most common provenance."""
 
-    def __init__(self, model: Any) -> None:
-        self.piece: Callable[[int], bytes] | None = getattr(model, "piece", None)
+    def __init__(self, piece: Callable[[int], bytes] | None) -> None:
+        self.piece = piece  # a token's bytes (Engine.piece); None: each delta goes whole
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def split(self, ev: TokenEvent) -> tuple[tuple[str, str], ...]:
@@ -118,7 +118,7 @@ def describe_error(e: BaseException) -> str:
 def run_generation(engine: Any, messages: list[dict[str, str]], max_tokens: int, cancel: threading.Event,
                    outbox: Outbox) -> None:
     """The worker's body: run one generation to its FinishEvent (or a Failure)."""
-    seg = Segmenter(getattr(engine, "target", None))
+    seg = Segmenter(getattr(engine, "piece", None))
     try:
         for ev in engine.generate(messages=messages, max_tokens=max_tokens, cancel=cancel):
             if isinstance(ev, TokenEvent):

@@ -169,10 +169,9 @@ class API:
         prompt = req.prompt_text_or_ids()
         if isinstance(prompt, str):
             # special tokens parsed, as llama-server does: an editor's fill-in-the-middle prompt is made of them
-            tokens = await run_in_threadpool(self.engine.target.tokenize, prompt, add_special=True,
-                                             parse_special=True)
+            tokens = await run_in_threadpool(self.engine.tokenize, prompt, parse_special=True)
         else:
-            n_vocab = self.engine.target.n_vocab
+            n_vocab = self.engine.n_vocab
             if any(not 0 <= t < n_vocab for t in prompt):
                 raise bad_request(f"prompt: token ids must be in [0, {n_vocab})", "prompt")
             tokens = list(prompt)
@@ -187,7 +186,7 @@ class API:
     def _check(self, req: ChatRequest | CompletionRequest) -> None:
         self._check_model(req.model)
         req.refused()
-        if req.mode in ("sd", "ssd") and self.engine.draft is None:
+        if req.mode in ("sd", "ssd") and not self.engine.has_draft:
             raise bad_request(f"mode: '{req.mode}' needs a draft model, and this server runs without one "
                               "(use ar, lookup or auto)", "mode")
 

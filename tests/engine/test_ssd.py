@@ -225,4 +225,36 @@ def test_threads_follow_the_mode_unless_pinned():
     for mode in ("ar", "sd", "ssd"):
         t, d = split_threads(mode, True, usable_cores())
         eng.complete(tokens=PROMPT, max_tokens=4, mode=mode)
-        assert (eng.target_ctx.threads, eng.draft_ctx.threads) == (t, d)
+        assert eng.threads == (t, d)
+
+
+def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monkeypatch):
+    """The policy is the engine thread's: every attribute read of it (observations, plan_round,
+    snapshot) happens there, while the worker thread prepares branches from its snapshot."""
+    from ssd_edge import policy
+
+    readers = set()
+
+    class Watched(policy.PrespecPolicy):
+        def __getattribute__(self, name):
+            readers.add(threading.current_thread().name)
+            return super().__getattribute__(name)
+
+    monkeypatch.setattr(policy, "PrespecPolicy", Watched)
+    eng, _ = fake_engine(draft_delay=0.001, target_delay=0.003)
+    out = run(eng, "ssd")
+    assert out.stats.prespec.hits + out.stats.prespec.partial_hits > 0 and out.stats.prespec.prepared_tokens > 0
+    assert readers == {threading.current_thread().name}
+    assert out.tokens == run(eng, "ar").tokens
+
+
+def test_a_policy_snapshot_does_not_follow_later_observations():
+    from ssd_edge.config import PrespecConfig
+    from ssd_edge.policy import PrespecPolicy
+
+    pol = PrespecPolicy(PrespecConfig(), k=3)
+    snap = pol.snapshot(3)
+    for _ in range(5):
+        pol.observe_verify(3, 0, "draft")
+    assert snap.p_accept.tolist() != pol.outcome_probs(3).tolist()
+    assert len(snap.p_accept) == 4 and abs(sum(snap.p_accept) - 1) < 1e-9

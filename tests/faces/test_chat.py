@@ -1,6 +1,6 @@
 """The terminal chat loop (ssd_edge/chat.py) without a TTY: lines from a stream,
 output to a rich Console, and the scripted engine (tests/scripted.py), which
-yields the real event types with a real Meter's summary."""
+yields the real event types with a real Meter's Stats."""
 
 from __future__ import annotations
 

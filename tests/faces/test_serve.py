@@ -610,12 +610,13 @@ def test_a_signal_stops_the_server_gracefully_with_exit_0(sig, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", RUNNER.format(paths=paths, module=Path(__file__).stem)],
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
-        url = None
+        url, said = None, []
         for line in proc.stderr:
+            said.append(line)
             if "serving fake" in line:
                 url = line.split(" at ")[1].split("/v1")[0]
                 break
-        assert url, "the server did not announce itself"
+        assert url, f"the server did not announce itself (exit {proc.wait(10)}): {''.join(said)[-2000:]}"
         with cf.ThreadPoolExecutor(1) as pool:
             inflight = pool.submit(httpx.post, url + TEXT, json={"prompt": "a", "max_tokens": 900, "mode": "ar"},
                                    timeout=10)

@@ -69,17 +69,17 @@ def test_segmenter_splits_a_round_by_provenance():
     toks = model.encode("one two three")
     ev = TokenEvent("one two three", tuple(toks), ("prespec", "prespec", "target"),
                     _round(0, "hit", 10.0), _live())
-    assert Segmenter(model).split(ev) == (("prespec", "one two"), ("target", " three"))
+    assert Segmenter(model.piece).split(ev) == (("prespec", "one two"), ("target", " three"))
     # a delta that the pieces do not add up to (a held-back stop string) goes whole to the main provenance
     held = TokenEvent("one", tuple(toks), ("draft", "draft", "target"), _round(0, None, 1.0), _live())
-    assert Segmenter(model).split(held) == (("draft", "one"),)
+    assert Segmenter(model.piece).split(held) == (("draft", "one"),)
     assert Segmenter(None).split(held) == (("draft", "one"),)
 
 
 def test_segmenter_holds_a_split_utf8_character():
     model = ScriptedModel("m", 1)
     model.vocab = ["é".encode()[:1], "é".encode()[1:] + b"!"]
-    seg = Segmenter(model)
+    seg = Segmenter(model.piece)
     first = TokenEvent("", (0,), ("draft",), _round(0, None, 1.0), _live())
     second = TokenEvent("é!", (1,), ("target",), _round(1, None, 1.0), _live())
     assert seg.split(first) == ()
@@ -105,7 +105,7 @@ def test_live_model_rates_and_latency_by_outcome():
     live.observe(_round(1, "miss", 300.0), 2, _live(hit_rate=0.5))  # 150 ms/token on a miss
     assert live.rate_now == 1e3 * 6 / 400
     assert live.latency_ms("hit") == 25.0 and live.latency_ms("miss") == 150.0
-    empty = Meter("ssd", 4, 64).summary()
+    empty = Meter("ssd", 4, 64).stats()
     live.finish(dataclasses.replace(empty, tokens_per_s=9.0, latency_ms_p50=60.0,
                                     prespec=dataclasses.replace(empty.prespec, latency_ms_hit_p50=24.0)))
     assert live.latency_ms("hit") == 24.0 and live.latency_ms("miss") is None and live.average_rate() == 9.0
@@ -113,7 +113,7 @@ def test_live_model_rates_and_latency_by_outcome():
 
 
 def test_finish_note_names_unusual_stops():
-    empty = Meter("sd", 3).summary()
+    empty = Meter("sd", 3).stats()
     stats = dataclasses.replace(empty, tokens=5, tokens_per_s=2.0, acceptance_rate=0.5)
     assert finish_note("eos", stats, None) == "5 tokens · 2.0 tok/s · sd · acceptance 50%"
     assert finish_note("cancelled", stats, None).startswith("stopped · 5 tokens")
@@ -125,14 +125,14 @@ def test_finish_note_of_a_one_round_reply_shows_its_end_to_end_rate():
     meter = Meter("sd", 3)
     meter.first_token()
     meter.record(Round(0, "sd", "draft", None, 3, 1, 500.0, 400.0, 0.0), 2)
-    stats = meter.summary()
+    stats = meter.stats()
     assert stats.rounds == 1 and stats.tokens_per_s == stats.end_to_end_tokens_per_s  # not 2 tokens over ~0 s
     assert finish_note("eos", stats, None) == f"2 tokens · {stats.end_to_end_tokens_per_s:.1f} tok/s · sd · acceptance 33%"
 
 
 def test_fake_engine_stats_are_the_real_meters():
     """The fake's FinishEvent.stats is a meter's Stats: the same JSON keys as the engine's."""
-    real = Meter("ssd", 4, 64).summary()
+    real = Meter("ssd", 4, 64).stats()
     fake = next(e for e in ScriptedEngine(EngineConfig.build(target=dict(path="t"), draft=dict(path="d")))
                 .generate(messages=[]) if isinstance(e, FinishEvent)).stats
     assert set(fake.to_dict()) == set(real.to_dict())

@@ -26,7 +26,7 @@ def test_calibration_measures_saves_and_auto_uses_it(small_pair, tmp_path, monke
         for c in prof.costs:
             assert len(c.target_ms) == 3 and len(c.draft_ms) == 3 and min(c.target_ms + c.draft_ms) > 0
         assert 0.0 <= prof.acceptance.alpha <= 1.0
-        assert (eng.target_ctx.threads, eng.draft_ctx.threads) == (1, 1)   # restored
+        assert eng.threads == (1, 1)   # restored
         # a second call finds the saved file; a fresh engine on the same pair loads it for auto
         again, measured = calibrate.ensure_profile(eng)
         assert not measured and again == prof
@@ -36,7 +36,7 @@ def test_calibration_measures_saves_and_auto_uses_it(small_pair, tmp_path, monke
             evs = list(fresh.generate("def add(a, b):", max_tokens=12))
             fin = evs[-1]
             assert isinstance(fin, FinishEvent) and fin.stats.mode == "auto" and fin.stats.auto is not None
-            assert (fresh.target_ctx.threads, fresh.draft_ctx.threads) == (1, 1)  # auto is capped by the config
+            assert fresh.threads == (1, 1)  # auto is capped by the config
         finally:
             fresh.close()
     finally:

@@ -48,7 +48,7 @@ def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model)
         drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), 0)
         d = drafter.propose(history, 5)
         assert list(d.tokens) == greedy_reference(draft_model, history, 5)
-        assert d.source == "draft" and len(d.cands) == 5
+        assert d.speculator == "draft" and len(d.cands) == 5
         assert all(int(c.ids[0]) == t for c, t in zip(d.cands, d.tokens))  # greedy: the top candidate
         # the target accepted two tokens and emitted another: the drafter rolls back and continues
         other = next(t for t in range(100, 200) if t != d.tokens[2])

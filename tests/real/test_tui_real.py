@@ -35,7 +35,7 @@ async def test_real_pair_streams_switches_mode_and_quits(small_pair, tmp_path, m
         await send(pilot, app, "And three animals?", finish=False)
         await wait_for(pilot, lambda: app.phase == "ready", timeout=120)
         assert app.chat.messages[-1].content.strip()
-        assert app.live.final["mode"] == "ssd" and app.live.final["prespec"]["lookups"] > 0
+        assert app.live.final.mode == "ssd" and app.live.final.prespec.lookups > 0
         assert app.query_one("#hit", Gauge).fraction is not None
         engine = app.engine
         await pilot.press("ctrl+q")

@@ -13,7 +13,7 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.drafters import NgramDrafter
 from ssd_edge.planner import NgramShadow
 from ssd_edge.profile import (Acceptance, ModelId, Profile, ThreadCosts, alpha_from_mean_accepted, ar_rate,
-                              expected_tokens, interp_ms, lookup_rate, prespec_window, sd_rate, ssd_rate)
+                              expected_tokens, interp_ms, lookup_rate, prespec_fanout, sd_rate, ssd_rate)
 
 # ---------------------------------------------------------------- pure maths
 
@@ -69,14 +69,14 @@ def test_rates_follow_the_formulas_of_the_issue():
     assert lookup_rate(0.5, 1.0, 2, VERIFY) == pytest.approx(1000 * 1.75 / 120)
 
 
-def test_prespec_window_fits_the_branches_under_the_verify():
+def test_prespec_fanout_fits_the_branches_under_the_verify():
     draft = [10.0, 20.0, 30.0, 40.0, 50.0]
     # k = 4: the verify of 5 tokens takes 140 ms; w branches cost 4 * (draft(1) + draft(w - 1)):
     # w=3: 4 * (10 + 20) = 120 fits, w=4: 4 * (10 + 30) = 160 does not
-    assert prespec_window(4, draft, VERIFY, 1.0, most=5) == 3
-    assert prespec_window(4, draft, VERIFY, 1.0, most=2) == 2
-    assert prespec_window(4, draft, VERIFY, 2.0, most=5) == 1   # twice as slow while the target runs
-    assert prespec_window(4, [40.0, 50.0], VERIFY, 1.0, most=5) == 1  # one branch already fills the shadow
+    assert prespec_fanout(4, draft, VERIFY, 1.0, most=5) == 3
+    assert prespec_fanout(4, draft, VERIFY, 1.0, most=2) == 2
+    assert prespec_fanout(4, draft, VERIFY, 2.0, most=5) == 1   # twice as slow while the target runs
+    assert prespec_fanout(4, [40.0, 50.0], VERIFY, 1.0, most=5) == 1  # one branch already fills the verify
 
 
 # ---------------------------------------------------------------- choices on a fake cost model
@@ -110,7 +110,7 @@ def test_separate_cores_and_a_good_draft_choose_ssd():
     ch = fake_profile(alpha=0.9, hit=0.85).choose(config(1, 1))
     assert ch.mode == "ssd"
     assert (ch.target_threads, ch.draft_threads) == (1, 1)
-    assert 1 <= ch.k <= 8 and 1 <= ch.window <= 4
+    assert 1 <= ch.k <= 8 and 1 <= ch.fanout_max <= 4
 
 
 def test_ssd_hit_rate_is_alpha_to_the_k_unless_measured():
@@ -164,7 +164,7 @@ def test_choice_applies_mode_k_threads_and_window_to_a_config():
     cfg = ch.apply(config(2, 2))
     assert cfg.mode == ch.mode and cfg.spec.k == ch.k
     assert (cfg.target.threads, cfg.draft.threads) == (ch.target_threads, ch.draft_threads)
-    assert cfg.prespec.fanout_max == ch.window
+    assert cfg.prespec.fanout_max == ch.fanout_max
     ar = fake_profile(alpha=0.0, hit=0.0, ngram_alpha=0.0, proposal=0.0).choose(config(2, 2))
     assert ar.mode == "ar" and ar.apply(config(2, 2, spec=dict(k=5))).spec.k == 5  # ar keeps the configured k
 

@@ -15,7 +15,7 @@ from ssd_edge.sampling import probs
 
 def test_ngram_match_proposes_what_followed():
     d = NgramDrafter(1, 4).propose([1, 2, 3, 4, 5, 1, 2, 3], 3)
-    assert d.tokens == (4, 5, 1) and d.source == "ngram"
+    assert d.tokens == (4, 5, 1) and d.speculator == "ngram"
 
 
 def test_ngram_no_match_proposes_nothing():

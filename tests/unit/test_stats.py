@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 import pytest
 
 from ssd_edge.events import AutoStats, Round, Stats
-from ssd_edge.metrics import Meter, decode_rate
+from ssd_edge.metrics import BranchTally, Meter, decode_rate
 
-# The keys of FinishEvent.stats before it was typed (Meter.summary()'s dict plus the engine's "seed" and,
+# The keys of FinishEvent.stats before it was typed (Meter.stats()'s dict plus the engine's "seed" and,
 # in mode auto, "auto"): JSON consumers read these.
 OLD_KEYS = {
     "mode", "prompt_tokens", "tokens", "rounds", "wall_s", "ttft_s", "tokens_per_s", "end_to_end_tokens_per_s",
@@ -40,13 +41,14 @@ def ssd_meter() -> Meter:
     m.record(Round(0, "ssd", "none", None, 0, 0, 300.0, 290.0, 0.0), 1)
     m.record(Round(1, "ssd", "prespec", "hit", 3, 3, 100.0, 80.0, 0.0), 4)
     m.record(Round(2, "ssd", "draft", "miss", 3, 1, 150.0, 80.0, 40.0), 2)
-    m.prepared_tokens, m.used_tokens = 6, 3
-    m.set_branch_cells(9)
+    m.branches.add_prepared(6)
+    m.branches.add_used(3)
+    m.branches.set_cells(9)
     return m
 
 
 def test_to_dict_has_exactly_the_old_keys():
-    stats = ssd_meter().summary(seed=7)
+    stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
     assert set(d) == OLD_KEYS
     assert set(d["prespec"]) == OLD_PRESPEC_KEYS
@@ -58,7 +60,7 @@ def test_to_dict_has_exactly_the_old_keys():
 
 
 def test_auto_adds_its_report_back_unchanged():
-    stats = ssd_meter().summary(auto=REPORT)
+    stats = ssd_meter().stats(auto=REPORT)
     assert isinstance(stats.auto, AutoStats)
     assert stats.auto.decisions == {"plain": 3, "prepared": 2} and stats.auto.concurrent
     assert stats.auto.planner["draft_alpha_measured"] == [0.75, None]
@@ -69,7 +71,7 @@ def test_auto_adds_its_report_back_unchanged():
 
 
 def test_attributes_are_the_dict_values():
-    stats = ssd_meter().summary(seed=None)
+    stats = ssd_meter().stats(seed=None)
     d = stats.to_dict()
     for f in dataclasses.fields(Stats):
         if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto"):
@@ -79,7 +81,7 @@ def test_attributes_are_the_dict_values():
 
 
 def test_stats_are_frozen():
-    stats = ssd_meter().summary(auto=REPORT)
+    stats = ssd_meter().stats(auto=REPORT)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.tokens = 0  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -99,7 +101,31 @@ def test_decode_rate_leaves_out_the_first_round():
 
 
 def test_meter_and_stats_agree_on_decode_time_and_rate():
-    stats = ssd_meter().summary()
+    stats = ssd_meter().stats()
     assert stats.decode_s == pytest.approx(stats.wall_s - stats.ttft_s)
     assert stats.tokens_per_s == pytest.approx(decode_rate(7, 1, stats.wall_s, stats.ttft_s))
     assert stats.end_to_end_tokens_per_s == pytest.approx(7 / stats.wall_s)
+
+
+def test_branch_tally_counts_what_two_threads_write_while_a_third_reads():
+    """The worker writes the tally while the engine reads it for its gauges: no count is lost,
+    and every reading is consistent (the peak is never below the cells held)."""
+    tally = BranchTally()
+    readings = []
+
+    def write() -> None:
+        for i in range(2000):
+            tally.add_prepared(1)
+            tally.set_cells(i % 50)
+            if i % 2:
+                tally.add_used(1)
+
+    writers = [threading.Thread(target=write) for _ in range(2)]
+    for w in writers:
+        w.start()
+    while any(w.is_alive() for w in writers):
+        readings.append(tally.read())
+    for w in writers:
+        w.join()
+    assert tally.read()[:2] == (4000, 2000) and tally.read()[3] == 49
+    assert all(cells <= peak and used <= prepared for prepared, used, cells, peak in readings)

@@ -15,6 +15,7 @@ from textual.widgets import Sparkline, Static
 
 from ssd_edge.config import EngineConfig
 from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR, hit_rate_health
+from ssd_edge.interface import ModelInfo
 
 from ..live import LiveModel
 
@@ -69,7 +70,7 @@ def ms(x: float | None) -> str:
     return "—" if x is None else f"{x:.0f} ms"
 
 
-def describe_model(info: Any, threads: int) -> str:
+def describe_model(info: ModelInfo, threads: int) -> str:
     """Quantization, file size and device, e.g. 'Q4_K - Medium · 0.49 GB · CPU · 1 thr'.
     (llama.cpp's description starts with a size class that can mislead: it calls a 0.5B model '1B'.)"""
     parts = info.description.split(" ", 2)
@@ -97,18 +98,19 @@ class LivePanel(VerticalScroll):
         yield Gauge("target util", id="target-util")
         yield Gauge("branch mem", id="branches")
 
-    def show_models(self, engine: Any | None, config: EngineConfig, status: str = "") -> None:
+    def show_models(self, info: tuple[ModelInfo | None, ModelInfo | None] | None, config: EngineConfig,
+                    status: str = "") -> None:
+        """The pair's names and, once loaded, what Engine.model_info says of each (None: not loaded)."""
         lines = Text()
-        for role, mc, model in (("target", config.target, getattr(engine, "target", None)),
-                                ("draft", config.draft, getattr(engine, "draft", None))):
+        target, draft = info or (None, None)
+        for role, mc, model_info in (("target", config.target, target), ("draft", config.draft, draft)):
             if mc is None:
                 lines.append(f"{role:<7}", "bold").append("none\n", "dim")
                 continue
             name = mc.path.rsplit("/", 1)[-1]
             lines.append(f"{role:<7}", "bold").append(name + "\n")
-            if model is not None:
-                info = model.info()
-                lines.append(" " * 7).append(describe_model(info, mc.threads) + "\n", "dim")
+            if model_info is not None:
+                lines.append(" " * 7).append(describe_model(model_info, mc.threads) + "\n", "dim")
             elif status:
                 lines.append(" " * 7).append(status + "\n", "dim")
         lines.rstrip()

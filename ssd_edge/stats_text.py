@@ -1,4 +1,4 @@
-"""A generation's Stats (FinishEvent.stats, from metrics.Meter.summary) for a
+"""A generation's Stats (FinishEvent.stats, from metrics.Meter.stats) for a
 terminal: one line after each answer, and a table for `/stats`."""
 
 from __future__ import annotations

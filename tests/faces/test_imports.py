@@ -1,0 +1,55 @@
+"""What a mode imports: `ssd-edge generate --mode ar` (and lookup, sd) loads nothing of
+pre-speculation or of auto's planning and measuring, so a plain run neither pays for them
+nor depends on them. Run in a fresh interpreter on the fake backend, through the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECULATION = ("prespec", "policy", "planner", "profile", "calibrate")
+
+# The real Engine, built by the real CLI, over the fake backend (tests/fakes.py) instead of llama.cpp.
+RUN = """
+import sys
+from fakes import FakeContext, FakeModel
+import ssd_edge.engine as E
+E.resolve_model = lambda path, models_dir=None: path
+E.Model = lambda path, gpu_layers, verbose, **rpc: FakeModel(str(path))
+E.Context = lambda model, n_ctx, n_batch, threads, n_seq_max=1: FakeContext(model, n_ctx, n_batch, n_seq_max)
+E.check_same_vocab = lambda target, draft: None
+from ssd_edge import cli
+sys.argv = ["ssd-edge", "generate", "-n", "8", "--json", *sys.argv[1:], "3 9 4"]
+try:
+    cli.main()
+except SystemExit as e:
+    assert not e.code, e.code
+print(" ".join(sorted(m.split(".")[-1] for m in sys.modules if m.startswith("ssd_edge."))))
+"""
+
+
+def loaded(*flags: str) -> set[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    p = subprocess.run([sys.executable, "-c", RUN, *flags], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
+    assert '"tokens"' in p.stdout  # the generation ran to its JSON
+    return set(p.stdout.split("\n")[-2].split())
+
+
+@pytest.mark.parametrize("flags", [("--mode", "ar"), ("--mode", "lookup"), ("--mode", "sd", "-md", "fake-draft")],
+                         ids=lambda f: f[1])
+def test_a_mode_without_speculation_imports_none_of_it(flags):
+    mods = loaded("-m", "fake-target", *flags)
+    assert "engine" in mods and "cli" in mods
+    assert not mods & set(SPECULATION), f"{flags[1]} imported {sorted(mods & set(SPECULATION))}"
+
+
+def test_auto_imports_its_planner_and_the_check_would_see_it():
+    mods = loaded("-m", "fake-target", "--mode", "auto")
+    assert {"planner", "policy", "prespec"} <= mods
