@@ -1,7 +1,7 @@
 """How well the target's confidence predicts the draft's acceptance, per prompt.
 
 Mode auto's planner, while only plain steps run, estimates the draft's acceptance from the
-target's mean top-1 probability (ssd_edge/planner.py). This script measures the
+target's mean top-1 probability (ssd_edge/auto/planner.py). This script measures the
 two side by side: greedy sd over prompts of the suite, counting for each drafted
 position the target reached whether the draft's token was accepted, and the
 target's top-1 probability there.
@@ -19,10 +19,10 @@ from importlib import resources
 import numpy as np
 
 from ssd_edge import engine as engine_mod
-from ssd_edge.catalog import load_catalog
 from ssd_edge.config import EngineConfig, SamplingConfig
 from ssd_edge.engine import Engine, top1
 from ssd_edge.events import TokenEvent
+from ssd_edge.models.catalog import load_catalog
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ one-token decodes each): the measurement behind the README line on `ssd-edge mod
     .venv/bin/python scripts/draft_speed.py
 """
 import sys, time
-from ssd_edge.backend import Model, Context
-from ssd_edge.catalog import resolve_model
+from ssd_edge.llama.backend import Model, Context
+from ssd_edge.models.catalog import resolve_model
 for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b:q4_0"):
     m = Model(resolve_model(name))
     for t in (1, 2):

@@ -16,7 +16,7 @@ import json
 import statistics
 import time
 
-from ssd_edge.backend import Context, Model
+from ssd_edge.llama.backend import Context, Model
 
 PROMPT = "def quicksort(xs):\n    \"\"\"Sort a list of numbers.\"\"\"\n"
 

@@ -10,7 +10,8 @@ EngineConfig
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -18,6 +19,56 @@ from .errors import ConfigError
 
 Mode = Literal["ar", "sd", "lookup", "ssd", "auto"]
 MODES: tuple[str, ...] = ("ar", "sd", "lookup", "ssd", "auto")
+
+
+# ---------------------------------------------------------------- --rpc endpoints (llama/rpc.py probes them)
+
+RPC_PORT = 50052  # rpc-server's default
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """'HOST:PORT' -> Endpoint; ConfigError naming the text otherwise. IPv6 is not accepted:
+    llama.cpp splits an endpoint at its first ':'."""
+    raw = text.strip()
+    host, sep, port = raw.partition(":")
+    if ":" in port or raw.startswith("["):
+        raise ConfigError(f"invalid --rpc endpoint {text!r}: IPv6 addresses are not supported by llama.cpp's RPC "
+                          "client; use an IPv4 address or a host name")
+    if not sep or not host or not port:
+        raise ConfigError(f"invalid --rpc endpoint {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{RPC_PORT}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"invalid --rpc endpoint {text!r}: the port must be a number from 1 to 65535")
+    if any(c.isspace() for c in host) or host.startswith("-"):
+        raise ConfigError(f"invalid --rpc endpoint {text!r}: bad host name")
+    return Endpoint(host, int(port))
+
+
+def parse_endpoints(text: str | Sequence[str] | None) -> list[Endpoint]:
+    """'H:P,H:P' (llama.cpp's --rpc) or a list of 'H:P' -> endpoints, in order, without repeats."""
+    if text is None:
+        return []
+    parts = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
+    out: list[Endpoint] = []
+    for part in parts:
+        if not part.strip():
+            if isinstance(text, str) and not text.strip():
+                return []
+            raise ConfigError(f"invalid --rpc {text!r}: an empty endpoint between commas")
+        ep = parse_endpoint(part)
+        if ep not in out:
+            out.append(ep)
+    if len(out) > 16:  # GGML_RPC_MAX_SERVERS
+        raise ConfigError(f"invalid --rpc: {len(out)} endpoints, llama.cpp takes at most 16")
+    return out
 
 
 class _Strict(BaseModel):
@@ -36,8 +87,6 @@ class ModelConfig(_Strict):
     @field_validator("rpc")
     @classmethod
     def _endpoints(cls, v: list[str]) -> list[str]:
-        from .rpc import parse_endpoints
-
         try:
             return [str(e) for e in parse_endpoints(v)]
         except ConfigError as e:

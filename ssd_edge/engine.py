@@ -28,23 +28,23 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, 
 
 import numpy as np
 
-from .backend import Context, Model, check_same_vocab, gpu_offload_supported
-from .catalog import resolve_model
 from .config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from .coupling import fresh_seed, gumbel_picks
-from .drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import ModelInfo, TextStream
-from .kvseq import Cancelled, KVSeq, common_prefix
+from .llama.backend import Context, Model, check_same_vocab, gpu_offload_supported
+from .llama.kvseq import Cancelled, KVSeq, common_prefix
 from .metrics import Ema, Meter
+from .models.catalog import resolve_model
 from .sampling import probs
+from .speculation.drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .verify import verify
 
 if TYPE_CHECKING:  # imported where ssd or auto needs them (Engine._strategy): ar, lookup and sd load none
-    from .planner import Decision, Planner
-    from .policy import PrespecPolicy
-    from .prespec import PrespecWorker
+    from .auto.planner import Decision, Planner
+    from .speculation.policy import PrespecPolicy
+    from .speculation.prespec import PrespecWorker
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class _Planned(_Plain):
         return self.SERVED[self.decision.kind] if self.decision is not None else "ar"
 
     def propose(self, history: list[int], k: int, remaining: int = 64) -> Proposal:
-        from .planner import Offer
+        from .auto.planner import Offer
 
         if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile
             self.decision = None
@@ -396,7 +396,7 @@ class Engine:
             if self.config.target.rpc:  # profiles measure a target on this device, not one across a network
                 log.info("target on rpc servers: auto plans from what each generation measures")
                 return None
-            from . import profile
+            from .auto import profile
             try:
                 self.profile = profile.load(self.target.path, self.draft.path if self.draft is not None else None)
             except OSError:  # a model without a file (the tests' fakes)
@@ -611,9 +611,9 @@ class Engine:
                                    p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
         if mode == "sd":
             return _Draft(drafter, cancelled)
-        from .planner import Planner  # ssd's and auto's modules, imported by those modes alone
-        from .policy import PrespecPolicy
-        from .prespec import PrespecWorker
+        from .auto.planner import Planner  # ssd's and auto's modules, imported by those modes alone
+        from .speculation.policy import PrespecPolicy
+        from .speculation.prespec import PrespecWorker
 
         if mode == "auto":
             worker = None

@@ -1,6 +1,6 @@
 """The Backend protocol: what the engine needs of a model and a context.
 
-ssd_edge/backend.py implements it with llama.cpp; tests/fakes.py
+ssd_edge/llama/backend.py implements it with llama.cpp; tests/fakes.py
 implements it with a tiny deterministic model. Nothing here imports llama_cpp,
 so the engine, the drafters and SSD import (and are tested) without the
 compiled library. Aborted, TextStream and ModelInfo live here because both

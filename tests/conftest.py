@@ -123,7 +123,7 @@ def small_pair() -> tuple[Path, Path]:
 @pytest.fixture(scope="session")
 def default_pair() -> tuple[Path, Path]:
     """(target, draft) GGUF paths of the default Qwen pair, pulled (and verified) if needed."""
-    from ssd_edge import catalog
+    from ssd_edge.models import catalog
 
     cat = catalog.load_catalog()
     target, _ = catalog.pull(cat.get(cat.default_target))

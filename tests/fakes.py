@@ -1,5 +1,5 @@
 """A fake llama.cpp backend: a tiny deterministic 'language model' behind the
-Backend protocol (ssd_edge/interface.py) that ssd_edge.backend.Model / Context
+Backend protocol (ssd_edge/interface.py) that ssd_edge.llama.backend.Model / Context
 implement, for testing the engine and SSD pre-speculation without weights or
 the compiled library.
 
@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_edge.interface import Aborted
 from ssd_edge.errors import ContextFullError, DecodeError
+from ssd_edge.interface import Aborted
 
 V = 32
 EOS = 0

@@ -11,7 +11,7 @@ CONTINUATION = " between two distributions p and q over the same vocabulary, in 
 
 
 def new_ctx(model, n_ctx=512, n_batch=512, n_seq_max=1):
-    from ssd_edge.backend import Context
+    from ssd_edge.llama.backend import Context
 
     return Context(model, n_ctx, n_batch, 1, n_seq_max)
 

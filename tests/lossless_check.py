@@ -148,8 +148,8 @@ def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling=Non
 
 def replay(engine, run: Run, positions: list[int]) -> dict[int, np.ndarray]:
     """The target rows `run` took its tokens at `positions` from, recomputed with the run's own batches."""
-    from ssd_edge.backend import Context
-    from ssd_edge.kvseq import KVSeq
+    from ssd_edge.llama.backend import Context
+    from ssd_edge.llama.kvseq import KVSeq
 
     cfg = engine.config
     ctx = Context(engine.target, cfg.n_ctx, cfg.n_batch, cfg.target.threads)

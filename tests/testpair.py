@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Callable
 
-from ssd_edge import catalog, paths
+from ssd_edge import paths
+from ssd_edge.models import catalog
 
 TARGET = "smollm2-135m"
 DRAFT_LAYERS = 28

@@ -27,10 +27,11 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import Worker
 
-from ssd_edge import catalog, paths
-from ssd_edge.catalog import load_catalog
+from ssd_edge import paths
 from ssd_edge.config import MODES, EngineConfig, ModelConfig
 from ssd_edge.errors import ConfigError
+from ssd_edge.models import catalog
+from ssd_edge.models.catalog import load_catalog
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands

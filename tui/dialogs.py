@@ -12,8 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from ssd_edge.catalog import Catalog, model_path
 from ssd_edge.config import MODES, EngineConfig
+from ssd_edge.models.catalog import Catalog, model_path
 
 MODE_HELP = {"ar": "target alone", "sd": "draft model + target", "lookup": "n-gram drafts + target",
              "ssd": "sd + pre-speculation", "auto": "planned each round (default)"}

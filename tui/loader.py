@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from textual.message import Message
 
-from ssd_edge.catalog import CatalogModel, load_catalog, model_path
 from ssd_edge.config import EngineConfig
 from ssd_edge.errors import ModelNotFoundError, SSDEdgeError
+from ssd_edge.models.catalog import CatalogModel, load_catalog, model_path
 
 from .messages import EngineFailed, EngineLoaded, PullFinished, PullProgress
 from .stream import describe_error
@@ -41,7 +41,7 @@ def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> 
     engine = default_engine_factory(config, models_dir)
     if not engine.plans_with_profile:
         return engine
-    from ssd_edge.calibrate import calibrate_first_use, needs_first_use
+    from ssd_edge.auto.calibrate import calibrate_first_use, needs_first_use
 
     try:
         if needs_first_use(engine):

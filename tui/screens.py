@@ -15,8 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ssd_edge.catalog import CatalogModel
 from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR
+from ssd_edge.models.catalog import CatalogModel
 
 from .chats import ChatSummary
 from .widgets.chat import PROVENANCE_COLOURS, PROVENANCE_LABELS

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import uvicorn
 
+from ..cli.settings import Settings, engine_config
 from ..config import EngineConfig
 from ..errors import ConfigError
-from ..settings import Settings, engine_config
 from .app import MAX_BODY, create_app
 from .scheduler import Scheduler
 

@@ -13,7 +13,7 @@ QWEN_TOL = 0.75
 
 
 def test_batched_decode_on_the_qwen_target(default_pair):
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     m = Model(default_pair[0])
     try:

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
+from ssd_edge.auto.profile import Acceptance, DeviceInfo, ModelId, Profile, ThreadCosts
 from ssd_edge.config import EngineConfig, split_threads
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
-from ssd_edge.profile import Acceptance, DeviceInfo, ModelId, Profile, ThreadCosts
 
 PROMPT = [3, 9, 4, 17, 2]
 SCALE = 10_000  # a fake decode sleeps ms / SCALE seconds: the CPU-like costs below, 10 times faster
@@ -254,7 +254,8 @@ def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exa
 def test_rpc_target_plans_without_a_profile_and_runs_the_draft_beside(monkeypatch):
     """A target on --rpc servers: no calibration profile (one measures a target on this device), no first-use
     calibration, and its compute is off this CPU, so the draft may pre-speculate beside it on any core count."""
-    from ssd_edge import calibrate, config as config_mod, engine as engine_mod, profile
+    from ssd_edge import config as config_mod, engine as engine_mod
+    from ssd_edge.auto import calibrate, profile
 
     looked = []
     monkeypatch.setattr(profile, "load", lambda *a: looked.append(a))

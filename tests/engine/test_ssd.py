@@ -169,7 +169,7 @@ def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeyp
     # The planner may decide that none of a half-grown branch is worth verifying (it then
     # takes a plain step); with sampling there are no q rows to stack. Found by the soak test.
     from ssd_edge.config import SamplingConfig
-    from ssd_edge.policy import PrespecPolicy
+    from ssd_edge.speculation.policy import PrespecPolicy
 
     monkeypatch.setattr(PrespecPolicy, "plan_round", lambda self, ready, k: k if ready >= k else 0)
     eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
@@ -231,7 +231,7 @@ def test_threads_follow_the_mode_unless_pinned():
 def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monkeypatch):
     """The policy is the engine thread's: every attribute read of it (observations, plan_round,
     snapshot) happens there, while the worker thread prepares branches from its snapshot."""
-    from ssd_edge import policy
+    from ssd_edge.speculation import policy
 
     readers = set()
 
@@ -250,7 +250,7 @@ def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monke
 
 def test_a_policy_snapshot_does_not_follow_later_observations():
     from ssd_edge.config import PrespecConfig
-    from ssd_edge.policy import PrespecPolicy
+    from ssd_edge.speculation.policy import PrespecPolicy
 
     pol = PrespecPolicy(PrespecConfig(), k=3)
     snap = pol.snapshot(3)

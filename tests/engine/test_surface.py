@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fakes import FakeContext, FakeModel
-from ssd_edge import calibrate
+from ssd_edge.auto import calibrate
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 

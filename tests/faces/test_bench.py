@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ssd_edge import backend, bench, bench_peer, bench_report, cli
-from ssd_edge.bench import BenchResult, PeerRecord, RunRecord
+from ssd_edge.bench import peer as bench_peer, report as bench_report, run as bench, schema
+from ssd_edge.bench.schema import BenchResult, PeerRecord, RunRecord
+from ssd_edge.cli import commands as cli
 from ssd_edge.errors import ConfigError
+from ssd_edge.llama import backend
 
 
 # ---------------------------------------------------------------- the prompt suite
@@ -26,7 +28,7 @@ def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
     assert len(prompts) >= 20
     assert len({p.id for p in prompts}) == len(prompts)
     cats = {p.category for p in prompts}
-    assert cats == set(bench.CATEGORIES)
+    assert cats == set(schema.CATEGORIES)
     sizes = [sum(len(m["content"]) for m in p.messages) for p in prompts]
     assert max(sizes) > 4 * min(sizes)       # varied lengths
     for p in prompts:
@@ -37,7 +39,7 @@ def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
 
 def test_quick_picks_one_prompt_per_category():
     quick = bench.quick_prompts(bench.load_prompts())
-    assert [p.category for p in quick] == list(bench.CATEGORIES)
+    assert [p.category for p in quick] == list(schema.CATEGORIES)
 
 
 def test_a_broken_prompt_file_is_a_one_line_config_error(tmp_path):
@@ -130,20 +132,20 @@ def test_goals_compare_the_right_rows():
 def fake_result(tmp_path: Path) -> BenchResult:
     runs, peer = fake_runs(), fake_peer()
     rows = bench_report.summarize(runs, peer, k=4)
-    machine = bench.MachineInfo(hostname="h", os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
+    machine = schema.MachineInfo(hostname="h", os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
                                 python="3.11", llama_system_info="AVX2 = 1", load_avg_start=(0.1, 0.2, 0.3),
                                 load_avg_end=(0.4, 0.5, 0.6))
     settings = list(bench.hardware_settings(2).values())
     return BenchResult(
         created="2026-01-01T00:00:00+00:00", command=["ssd-edge", "bench"], duration_s=1.0, machine=machine,
         libraries=bench.library_versions(),
-        models=[bench.ModelInfo(role="target", name="t.gguf", path="/t.gguf", size=1),
-                bench.ModelInfo(role="draft", name="d.gguf", path="/d.gguf", size=1)],
-        options=bench.BenchOptions(modes=list(bench.BENCH_MODES), settings=["separate", "shared"], k=4, max_tokens=33,
+        models=[schema.ModelInfo(role="target", name="t.gguf", path="/t.gguf", size=1),
+                schema.ModelInfo(role="draft", name="d.gguf", path="/d.gguf", size=1)],
+        options=schema.BenchOptions(modes=list(bench.BENCH_MODES), settings=["separate", "shared"], k=4, max_tokens=33,
                                    reps=1, seed=0, temperature=0.0, n_ctx=2048, quick=False, peer_k=[3, 4],
                                    categories=["code", "prose"]),
         settings=settings, engine_configs={}, prompts=bench.quick_prompts(bench.load_prompts())[:2], profile=None,
-        runs=runs, peer=bench.PeerInfo(available=True, binary="/x", version="b1", note="n", runs=peer),
+        runs=runs, peer=schema.PeerInfo(available=True, binary="/x", version="b1", note="n", runs=peer),
         summary=rows, goals=bench_report.goals(rows, bench.BENCH_MODES), notes=["a note"])
 
 
@@ -225,7 +227,7 @@ def test_peer_runs_a_binary_and_reports_its_failure(tmp_path):
                        temperature=0.0, seed=0, n_ctx=512)
 
 
-# ---------------------------------------------------------------- CLI (through `ssd-edge bench`, cli.py)
+# ---------------------------------------------------------------- CLI (through `ssd-edge bench`, cli/commands.py)
 
 def ssd_edge(args: list[str]) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `ssd-edge ARGS`; neither stream is a terminal."""

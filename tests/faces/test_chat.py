@@ -1,4 +1,4 @@
-"""The terminal chat loop (ssd_edge/chat.py) without a TTY: lines from a stream,
+"""The terminal chat loop (ssd_edge/cli/chat.py) without a TTY: lines from a stream,
 output to a rich Console, and the scripted engine (tests/scripted.py), which
 yields the real event types with a real Meter's Stats."""
 
@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from scripted import ONE_WORD, ScriptedEngine, default_config
-from ssd_edge.chat import ChatSession, stream_reader
+from ssd_edge.cli.chat import ChatSession, stream_reader
 from ssd_edge.errors import ConfigError, DecodeError
 
 REPLY = "Speculation lets a small model draft tokens that the target checks in one batch."

@@ -24,9 +24,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ssd_edge import catalog, cli, settings
-from ssd_edge.catalog import Catalog, CatalogModel, PartSpec
+from ssd_edge.cli import commands as cli, settings
 from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
+from ssd_edge.models import catalog
+from ssd_edge.models.catalog import Catalog, CatalogModel, PartSpec
 from ssd_edge.progress import Progress
 from test_chat import REPLY, one_word_engine
 
@@ -365,7 +366,7 @@ def test_n_means_tokens_per_generation_in_every_command(monkeypatch, bench_args,
         assert run(["bench", *args])[0] == 0
     assert [a.max_tokens for a in bench_args] == [8, 9, 10]
 
-    import ssd_edge.calibrate as calibrate
+    import ssd_edge.auto.calibrate as calibrate
     probes: list[int] = []
     monkeypatch.setattr(calibrate, "main", lambda *a, probe_tokens, **kw: probes.append(probe_tokens) or 0)
     for args in (["-n", "12"], ["--probe-tokens", "13"], []):  # --probe-tokens: calibrate's old name
@@ -416,7 +417,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
 
 
 def test_calibrate_reports_plain_progress_lines_when_piped(monkeypatch, tmp_path):
-    import ssd_edge.calibrate as calibrate
+    import ssd_edge.auto.calibrate as calibrate
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
     t.write_bytes(b"GGUF" + b"\0" * 12)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ssd_edge import bench, settings
+from ssd_edge.bench import run as bench
+from ssd_edge.cli import settings
+from ssd_edge.cli.settings import engine_config, resolve
 from ssd_edge.errors import ConfigError, RPCError
-from ssd_edge.settings import engine_config, resolve
 from test_cli import one_error, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -75,7 +76,8 @@ def test_unreachable_server_at_start_is_one_line_exit_7(tmp_path):
 def test_bench_takes_rpc(tmp_path, monkeypatch):
     """`ssd-edge bench --rpc` reaches the bench's engine configs: the target on the server with every
     layer, the draft here; and no calibration (a profile prices a target on this device)."""
-    from ssd_edge import backend, cli
+    from ssd_edge.cli import commands as cli
+    from ssd_edge.llama import backend
 
     seen = []
     monkeypatch.setattr(cli, "run_bench", lambda args: seen.append(args) or 0)
@@ -97,7 +99,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
     """`ssd-edge rpc-server ARGS` in a child process (it exec()s), with /bin/echo standing in for the
     binary so the command line it hands over comes back on stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSD_EDGE_")}
-    return subprocess.run([sys.executable, "-m", "ssd_edge.cli", "rpc-server", "--binary", "/bin/echo", *args],
+    return subprocess.run([sys.executable, "-m", "ssd_edge.cli.commands", "rpc-server", "--binary", "/bin/echo", *args],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
 
 

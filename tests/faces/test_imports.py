@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECULATION = ("prespec", "policy", "planner", "profile", "calibrate")
+SPECULATION = ("speculation.prespec", "speculation.policy", "auto.planner", "auto.profile", "auto.calibrate")
 
 # The real Engine, built by the real CLI, over the fake backend (tests/fakes.py) instead of llama.cpp.
 RUN = """
@@ -23,13 +23,13 @@ E.resolve_model = lambda path, models_dir=None: path
 E.Model = lambda path, gpu_layers, verbose, **rpc: FakeModel(str(path))
 E.Context = lambda model, n_ctx, n_batch, threads, n_seq_max=1: FakeContext(model, n_ctx, n_batch, n_seq_max)
 E.check_same_vocab = lambda target, draft: None
-from ssd_edge import cli
+from ssd_edge.cli import commands
 sys.argv = ["ssd-edge", "generate", "-n", "8", "--json", *sys.argv[1:], "3 9 4"]
 try:
-    cli.main()
+    commands.main()
 except SystemExit as e:
     assert not e.code, e.code
-print(" ".join(sorted(m.split(".")[-1] for m in sys.modules if m.startswith("ssd_edge."))))
+print(" ".join(sorted(m.removeprefix("ssd_edge.") for m in sys.modules if m.startswith("ssd_edge."))))
 """
 
 
@@ -46,10 +46,10 @@ def loaded(*flags: str) -> set[str]:
                          ids=lambda f: f[1])
 def test_a_mode_without_speculation_imports_none_of_it(flags):
     mods = loaded("-m", "fake-target", *flags)
-    assert "engine" in mods and "cli" in mods
+    assert "engine" in mods and "cli.commands" in mods
     assert not mods & set(SPECULATION), f"{flags[1]} imported {sorted(mods & set(SPECULATION))}"
 
 
 def test_auto_imports_its_planner_and_the_check_would_see_it():
     mods = loaded("-m", "fake-target", "--mode", "auto")
-    assert {"planner", "policy", "prespec"} <= mods
+    assert {"auto.planner", "speculation.policy", "speculation.prespec"} <= mods

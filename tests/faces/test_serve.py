@@ -28,13 +28,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from fakes import FakeContext, FakeModel
+from ssd_edge.cli.settings import resolve
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
 from ssd_edge.server import create_app
 from ssd_edge.server import scheduler as scheduler_mod
 from ssd_edge.server.runner import is_loopback, options
-from ssd_edge.settings import resolve
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "count"}]
 
@@ -590,9 +590,9 @@ RUNNER = """
 import sys, threading
 sys.path[:0] = {paths!r}
 from {module} import fake_engine
+from ssd_edge.cli.settings import resolve
+from ssd_edge.cli.signals import terminate_as_interrupt
 from ssd_edge.server.runner import serve
-from ssd_edge.settings import resolve
-from ssd_edge.signals import terminate_as_interrupt
 with terminate_as_interrupt():
     code = serve(resolve({{"port": 0}}, {{}}), lambda cfg, s: fake_engine(delay=0.01), "fake",
                  lambda line: print(line, file=sys.stderr, flush=True))

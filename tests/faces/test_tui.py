@@ -212,7 +212,7 @@ async def test_missing_models_are_offered_and_pulled(tmp_path):
         return models_dir / model.file, True
 
     def make(cfg, models_dir):
-        from ssd_edge.catalog import resolve_model
+        from ssd_edge.models.catalog import resolve_model
 
         resolve_model(cfg.target.path, models_dir)  # ModelNotFoundError until pulled
         return ScriptedEngine(cfg)
@@ -319,7 +319,7 @@ async def test_switching_to_a_missing_model_can_go_back(tmp_path):
 
 async def test_engine_warnings_become_notifications():
     def warn(cfg, models_dir):
-        logging.getLogger("ssd_edge.backend").warning("GPU offload asked for x.gguf, but this build has no GPU")
+        logging.getLogger("ssd_edge.llama.backend").warning("GPU offload asked for x.gguf, but this build has no GPU")
         return ScriptedEngine(cfg)
 
     app = make_app(warn)

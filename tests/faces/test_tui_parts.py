@@ -154,7 +154,7 @@ def test_logs_go_to_a_file_while_the_app_runs(tmp_path, monkeypatch):
     try:
         with logs_to_file() as path:
             assert cli_like not in logger.handlers
-            logging.getLogger("ssd_edge.backend").warning("no GPU backend")
+            logging.getLogger("ssd_edge.llama.backend").warning("no GPU backend")
         assert cli_like in logger.handlers
         assert path == tmp_path / "logs" / "tui.log" and "no GPU backend" in path.read_text()
     finally:

@@ -25,7 +25,7 @@ SMALL_TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def model(small_pair):
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     m = Model(small_pair[0])
     yield m
@@ -176,7 +176,7 @@ def test_decode_errors(model):
 
 
 def test_text_stream_never_emits_a_replacement_character(model):
-    from ssd_edge.backend import TextStream
+    from ssd_edge.llama.backend import TextStream
 
     text = "héllo wörld 🦀 日本語 ünïcödé — “quotes” 🎉🎉"
     toks = model.tokenize(text, add_special=False)
@@ -200,7 +200,7 @@ def _valid_utf8(b: bytes) -> bool:
 
 
 def _load(path):
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     return Model(path)
 
@@ -237,7 +237,7 @@ def renamed_vocab(small_pair, tmp_path_factory) -> Path:
 
 def test_vocabulary_mismatch_same_size(model, small_pair, renamed_vocab):
     """Same token count, one entry different: caught, and the message names both files and the token."""
-    from ssd_edge.backend import check_same_vocab
+    from ssd_edge.llama.backend import check_same_vocab
 
     other = _load(renamed_vocab)
     try:
@@ -253,8 +253,8 @@ def test_vocabulary_mismatch_same_size(model, small_pair, renamed_vocab):
 
 def test_vocabulary_mismatch_other_model(model):
     """SmolLM2 (49,152 tokens) against Gemma 3 270M (262,144): pulled once (253 MB) and cached."""
-    from ssd_edge import catalog
-    from ssd_edge.backend import check_same_vocab
+    from ssd_edge.llama.backend import check_same_vocab
+    from ssd_edge.models import catalog
 
     cat = catalog.load_catalog()
     gemma_path, _ = catalog.pull(cat.get("gemma3-270m"))

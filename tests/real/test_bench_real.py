@@ -9,8 +9,8 @@ import sys
 
 from typer.testing import CliRunner
 
-from ssd_edge import cli
-from ssd_edge.bench import BenchResult
+from ssd_edge.bench.schema import BenchResult
+from ssd_edge.cli import commands as cli
 
 
 def test_tiny_real_bench_on_the_small_pair_writes_valid_json(small_pair, tmp_path, monkeypatch):

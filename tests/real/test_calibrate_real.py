@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_edge import calibrate, profile
+from ssd_edge.auto import calibrate, profile
 from ssd_edge.events import FinishEvent
 
 from conftest import make_engine

@@ -26,7 +26,7 @@ SCRIPT = Path(sys.executable).with_name("ssd-edge")
 
 def ssd_edge(*args: str, input: str | bytes | None = None, timeout: float = 300, env: dict | None = None
              ) -> subprocess.CompletedProcess:
-    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ssd_edge.cli"]
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ssd_edge.cli.commands"]
     return subprocess.run(cmd + list(args), input=input.encode() if isinstance(input, str) else input,
                           capture_output=True, timeout=timeout, env=env or clean_env())
 

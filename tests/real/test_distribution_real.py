@@ -38,7 +38,7 @@ def tv_threshold(p: np.ndarray, n: int, rng: np.random.Generator, alarm: float =
 
 def exact_first_two(engine, prompt_ids: list[int], s) -> tuple[np.ndarray, np.ndarray]:
     """The target's exact distributions of the first token and of the second (marginal)."""
-    from ssd_edge.backend import Context
+    from ssd_edge.llama.backend import Context
     from ssd_edge.sampling import probs as to_probs
 
     ctx = Context(engine.target, 512, 512, 1)
@@ -55,7 +55,7 @@ def exact_first_two(engine, prompt_ids: list[int], s) -> tuple[np.ndarray, np.nd
 
 
 def draft_first(engine, prompt_ids: list[int], s) -> np.ndarray:
-    from ssd_edge.backend import Context
+    from ssd_edge.llama.backend import Context
     from ssd_edge.sampling import probs as to_probs
 
     ctx = Context(engine.draft, 512, 512, 1)

@@ -12,7 +12,7 @@ from ssd_edge.config import SamplingConfig
 
 @pytest.fixture(scope="module")
 def draft_model(small_pair):
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     model = Model(small_pair[1])
     yield model
@@ -21,7 +21,7 @@ def draft_model(small_pair):
 
 def greedy_reference(model, history: list[int], k: int) -> list[int]:
     """k greedy tokens from a fresh context, one decode per token."""
-    from ssd_edge.backend import Context
+    from ssd_edge.llama.backend import Context
 
     ctx = Context(model, 512, 512, 1)
     try:
@@ -38,9 +38,9 @@ def greedy_reference(model, history: list[int], k: int) -> list[int]:
 
 @pytest.mark.real
 def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model):
-    from ssd_edge.backend import Context
-    from ssd_edge.drafters import ModelDrafter
-    from ssd_edge.kvseq import KVSeq
+    from ssd_edge.llama.backend import Context
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
 
     history = draft_model.tokenize("The capital of France is Paris. The capital of Italy is")
     ctx = Context(draft_model, 512, 512, 1)
@@ -62,10 +62,10 @@ def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model)
 
 @pytest.mark.real
 def test_model_drafter_sampled_draws_and_p_min(draft_model):
-    from ssd_edge.backend import Context
     from ssd_edge.coupling import gumbel_pick
-    from ssd_edge.drafters import ModelDrafter, draft_probs
-    from ssd_edge.kvseq import KVSeq
+    from ssd_edge.llama.backend import Context
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter, draft_probs
 
     history = draft_model.tokenize("Once upon a time, in a small village, there lived a")
     s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05)

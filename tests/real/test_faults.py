@@ -22,8 +22,9 @@ import psutil
 import pytest
 
 from conftest import make_engine
-from ssd_edge import catalog, cli
+from ssd_edge.cli import commands as cli
 from ssd_edge.events import FinishEvent
+from ssd_edge.models import catalog
 from test_cli_real import clean_env
 
 pytestmark = pytest.mark.real
@@ -36,7 +37,7 @@ class Running:
     """A child `ssd-edge` whose stdout and stderr are collected while it runs."""
 
     def __init__(self, args: list[str], env: dict[str, str], stdin: bytes | None = None) -> None:
-        cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ssd_edge.cli"]
+        cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ssd_edge.cli.commands"]
         self.proc = subprocess.Popen(cmd + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env)
         self.out, self.err = bytearray(), bytearray()

@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from conftest import make_engine
-from ssd_edge import rpc
 from ssd_edge.errors import RPCError
+from ssd_edge.llama import rpc
 
 pytestmark = pytest.mark.real
 
@@ -35,7 +35,7 @@ MODES = ("ar", "sd", "ssd")
 
 @pytest.fixture(scope="session")
 def rpc_server_binary() -> Path:
-    from ssd_edge import backend
+    from ssd_edge.llama import backend
 
     if not backend.rpc_supported():
         pytest.skip("this llama-cpp-python build has no RPC backend (scripts/setup.sh builds it with -DGGML_RPC=ON)")
@@ -68,7 +68,7 @@ class Server:
 
     def __init__(self, binary: Path) -> None:
         self.endpoint = rpc.Endpoint("127.0.0.1", _free_port())
-        argv = [sys.executable, "-m", "ssd_edge.cli", "rpc-server", "--binary", str(binary),
+        argv = [sys.executable, "-m", "ssd_edge.cli.commands", "rpc-server", "--binary", str(binary),
                 "--port", str(self.endpoint.port), "-t", "1"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
         deadline = time.monotonic() + 30
@@ -115,7 +115,7 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
             assert remote.tokens == local[m], m
             assert len(remote.tokens) == 24
         # a second model on the same server while the first holds its one connection (a reload in the TUI)
-        from ssd_edge.backend import Model
+        from ssd_edge.llama.backend import Model
 
         t0 = time.monotonic()
         Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
@@ -126,7 +126,7 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
 def test_server_survives_a_client_gone_mid_reply(small_pair, server):
     """rpc-server sends with send(..., 0): a client that leaves before its reply (here a probe that gave up
     on the busy server) raises SIGPIPE in it. The launcher starts it with SIGPIPE ignored, so it lives."""
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     status = Path(f"/proc/{server.proc.pid}/status").read_text()
     ignored = int(next(ln for ln in status.splitlines() if ln.startswith("SigIgn:")).split()[1], 16)
@@ -177,7 +177,7 @@ def test_server_lost_mid_generation(small_pair, small_engine, server, how, mode)
 def test_cli_exits_7_when_the_server_dies(small_pair, server):
     """`ssd-edge generate --rpc`: the server killed once text streams -> one error line, exit 7."""
     script = Path(sys.executable).with_name("ssd-edge")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "ssd_edge.cli"]
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "ssd_edge.cli.commands"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SSD_EDGE_") or k in ("SSD_EDGE_HOME",
                                                                                        "SSD_EDGE_MODELS")}
     proc = subprocess.Popen(cmd + ["generate", "-m", str(small_pair[0]), "--no-draft", "--mode", "ar", "-n", "600",

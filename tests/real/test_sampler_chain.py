@@ -91,7 +91,7 @@ def llama_cpp_probs(row: np.ndarray, temperature: float, top_k: int, top_p: floa
 @pytest.fixture(scope="module")
 def rows(small_pair) -> np.ndarray:
     """Logit rows of the small target at every position of a few prompts: (n, V) float32."""
-    from ssd_edge.backend import Context, Model
+    from ssd_edge.llama.backend import Context, Model
 
     model = Model(small_pair[0])
     try:

@@ -20,9 +20,9 @@ import psutil
 import pytest
 
 from conftest import make_engine
-from ssd_edge import cli
+from ssd_edge.cli import commands as cli
+from ssd_edge.cli.signals import CancelOnSignal
 from ssd_edge.events import FinishEvent
-from ssd_edge.signals import CancelOnSignal
 
 pytestmark = pytest.mark.real
 

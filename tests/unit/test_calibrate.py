@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from ssd_edge import profile as prof
+from ssd_edge.auto import profile as prof
+from ssd_edge.auto.planner import NgramShadow
+from ssd_edge.auto.profile import (Acceptance, ModelId, Profile, ThreadCosts, alpha_from_mean_accepted, ar_rate,
+                                   expected_tokens, interp_ms, lookup_rate, prespec_fanout, sd_rate, ssd_rate)
 from ssd_edge.config import EngineConfig
-from ssd_edge.drafters import NgramDrafter
-from ssd_edge.planner import NgramShadow
-from ssd_edge.profile import (Acceptance, ModelId, Profile, ThreadCosts, alpha_from_mean_accepted, ar_rate,
-                              expected_tokens, interp_ms, lookup_rate, prespec_fanout, sd_rate, ssd_rate)
+from ssd_edge.speculation.drafters import NgramDrafter
 
 # ---------------------------------------------------------------- pure maths
 
@@ -196,7 +196,7 @@ def test_ngram_shadow_scores_each_proposed_token_as_it_is_decided():
 
 
 def test_geometric_estimate_counts_trials_and_blends_the_prior():
-    from ssd_edge.calibrate import _Trials
+    from ssd_edge.auto.calibrate import _Trials
 
     g = _Trials(prior=0.5, weight=4)
     assert g.value == 0.5

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from ssd_edge import catalog
-from ssd_edge.catalog import Catalog, CatalogModel, Part
 from ssd_edge.errors import FetchError, ModelNotFoundError, SSDEdgeError
+from ssd_edge.models import catalog
+from ssd_edge.models.catalog import Catalog, CatalogModel, Part
 
 PARTS = 3
 

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from ssd_edge import catalog, derive
 from ssd_edge.errors import ModelNotFoundError
+from ssd_edge.models import catalog, derive
 
 
 def test_variant_names_split_and_resolve(tmp_path):

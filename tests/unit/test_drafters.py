@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from ssd_edge.config import SamplingConfig
-from ssd_edge.drafters import EMPTY, NgramDrafter, confidence, draft_probs, top_candidates
 from ssd_edge.sampling import probs
+from ssd_edge.speculation.drafters import EMPTY, NgramDrafter, confidence, draft_probs, top_candidates
 
 # ---------------------------------------------------------------- n-gram lookup
 
@@ -71,7 +71,7 @@ def test_ngram_match_length_runs_back_past_the_ngram():
 
 
 def test_ngram_match_length_is_capped():
-    from ssd_edge.drafters import MATCH_CAP
+    from ssd_edge.speculation.drafters import MATCH_CAP
     h = list(range(100)) + [500] + list(range(100))  # a 100-token copy, then the history ends mid-copy
     d = NgramDrafter(2, 4).propose(h, 3)
     assert d.tokens == (500, 0, 1) and d.match == MATCH_CAP

@@ -12,8 +12,8 @@ import typing
 import pytest
 
 from fakes import FakeAbort, FakeContext, FakeModel
-from ssd_edge import backend
 from ssd_edge.interface import AbortSignal, BackendContext, BackendModel
+from ssd_edge.llama import backend
 
 PROTOCOLS = [(BackendModel, backend.Model), (BackendContext, backend.Context), (AbortSignal, backend.AbortFlag)]
 
@@ -45,9 +45,10 @@ def test_the_llama_backend_implements_the_protocol(proto, impl):
 def test_the_engine_and_the_faces_import_without_llama_cpp():
     """llama_cpp is blocked outright; everything but loading a model must still import."""
     code = ("import sys; sys.modules['llama_cpp'] = None\n"
-            "import ssd_edge.engine, ssd_edge.calibrate, ssd_edge.bench, ssd_edge.cli, ssd_edge.backend, tui.app\n"
-            "from ssd_edge.backend import llama_cpp_version; print(llama_cpp_version())\n"
-            "try:\n    ssd_edge.backend.system_info()\nexcept ImportError as e:\n    print(e)\n")
+            "import ssd_edge.engine, ssd_edge.auto.calibrate, ssd_edge.bench.run, ssd_edge.cli.commands\n"
+            "import ssd_edge.server.runner, ssd_edge.llama.backend, tui.app\n"
+            "from ssd_edge.llama.backend import llama_cpp_version; print(llama_cpp_version())\n"
+            "try:\n    ssd_edge.llama.backend.system_info()\nexcept ImportError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "llama-cpp-python is not installed; run scripts/setup.sh"

@@ -8,7 +8,7 @@ import pytest
 
 from fakes import FakeContext, FakeModel, lm_logits
 from ssd_edge.errors import ContextFullError
-from ssd_edge.kvseq import Cancelled, KVSeq
+from ssd_edge.llama.kvseq import Cancelled, KVSeq
 
 
 def holds(kv: KVSeq) -> bool:

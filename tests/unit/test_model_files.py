@@ -14,7 +14,7 @@ from ssd_edge.errors import (CorruptModelError, ModelError, ModelNotFoundError, 
 
 
 def _load(path):
-    from ssd_edge.backend import Model
+    from ssd_edge.llama.backend import Model
 
     return Model(path)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_edge.drafters import NgramDrafter
-from ssd_edge.planner import Costs, Offer, Planner, Rate
+from ssd_edge.auto.planner import Costs, Offer, Planner, Rate
+from ssd_edge.speculation.drafters import NgramDrafter
 
 # A CPU-like target (FIELD_NOTES, 1.5B at 2 threads): 4 tokens cost ~1.6 steps.
 CPU_CURVE = [105.0, 150.0, 160.0, 170.0, 220.0]
@@ -132,7 +132,7 @@ def test_ngram_acceptance_is_learnt_per_match_length():
     """Short matches that are coincidences and long ones that are copies: the planner learns the two
     classes apart, so it verifies a long copy's proposal and takes a plain step for a coincidence
     (one acceptance for all would do the wrong thing for one of them)."""
-    from ssd_edge.planner import match_class
+    from ssd_edge.auto.planner import match_class
 
     p = planner(ngram=NgramDrafter(2, 4))
     short, long = match_class(2), match_class(40)
@@ -151,7 +151,7 @@ def test_ngram_acceptance_is_learnt_per_match_length():
 
 def test_the_shadow_scores_each_match_class_apart():
     """Through ask/observe_history: a quoted passage (long matches) scores its own class."""
-    from ssd_edge.planner import match_class
+    from ssd_edge.auto.planner import match_class
 
     p = planner(ngram=NgramDrafter(2, 4))
     quoted = list(range(10, 40))

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ssd_edge.config import PrespecConfig
-from ssd_edge.drafters import Candidates
-from ssd_edge.policy import PrespecPolicy
-from ssd_edge.prespec import rank_outcomes
+from ssd_edge.speculation.drafters import Candidates
+from ssd_edge.speculation.policy import PrespecPolicy
+from ssd_edge.speculation.prespec import rank_outcomes
 
 
 def cands(*pairs: tuple[int, float]) -> Candidates:

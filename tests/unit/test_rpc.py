@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from ssd_edge import rpc
 from ssd_edge.config import EngineConfig
+from ssd_edge.config import Endpoint, parse_endpoint, parse_endpoints
 from ssd_edge.errors import ConfigError, RPCError
-from ssd_edge.rpc import Endpoint, parse_endpoint, parse_endpoints
+from ssd_edge.llama import rpc
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -195,7 +195,7 @@ def test_find_server_prefers_explicit_then_env(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the guard around calls that wait on a server
 
 def _state():
-    from ssd_edge.backend import _RpcState  # importing backend loads no library
+    from ssd_edge.llama.backend import _RpcState  # importing backend loads no library
 
     return _RpcState()
 

@@ -40,11 +40,11 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .config import PrespecConfig
+from ..config import PrespecConfig
+from ..interface import Aborted
+from ..llama.kvseq import Cancelled, common_prefix
+from ..metrics import Meter
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
-from .interface import Aborted
-from .kvseq import Cancelled, common_prefix
-from .metrics import Meter
 from .policy import PolicySnapshot, PrespecPolicy
 
 

@@ -13,12 +13,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .config import SamplingConfig
-from .coupling import gumbel_pick
-from .events import Speculator
-from .kvseq import KVSeq, common_prefix
-from .metrics import BusyClock
-from .sampling import probs, reshape_saguaro
+from ..config import SamplingConfig
+from ..coupling import gumbel_pick
+from ..events import Speculator
+from ..llama.kvseq import KVSeq, common_prefix
+from ..metrics import BusyClock
+from ..sampling import probs, reshape_saguaro
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from ..errors import ModelNotFoundError
 from . import catalog
-from .errors import ModelNotFoundError
 
 
 def provenance_path(path: Path) -> Path:
@@ -26,7 +26,7 @@ def provenance_path(path: Path) -> Path:
 
 def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force: bool = False) -> tuple[Path, bool]:
     """(the derived file, whether it was made now). The source must be pulled and verified."""
-    from . import backend  # loads llama.cpp
+    from ..llama import backend  # loads llama.cpp
 
     cat = catalog.load_catalog()
     model = cat.get(name)

@@ -26,8 +26,8 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
-from .config import PrespecConfig
-from .metrics import Ema
+from ..config import PrespecConfig
+from ..metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
 

@@ -40,7 +40,7 @@ from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from .drafters import Draft, NgramDrafter
+from ..speculation.drafters import Draft, NgramDrafter
 
 log = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ from typing import Any, Mapping
 import platformdirs
 from pydantic import ValidationError
 
-from . import paths
-from .catalog import load_catalog
-from .config import MODES, EngineConfig, split_threads, usable_cores
-from .derive import default_draft
-from .errors import ConfigError
+from .. import paths
+from ..config import MODES, EngineConfig, split_threads, usable_cores
+from ..errors import ConfigError
+from ..models.catalog import load_catalog
+from ..models.derive import default_draft
 
 try:  # Python 3.11+
     import tomllib
@@ -291,7 +291,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
 
 def _rpc_endpoints(s: Settings) -> list[str]:
     """--rpc (llama.cpp's comma-separated form) as a list of 'HOST:PORT'."""
-    from .rpc import parse_endpoints
+    from ..config import parse_endpoints
 
     try:
         return [str(e) for e in parse_endpoints(s["rpc"])]

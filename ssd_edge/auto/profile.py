@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +294,7 @@ class Profile(BaseModel):
 # ---------------------------------------------------------------- files
 
 def device_info() -> DeviceInfo:
-    from . import backend
+    from ..llama import backend
 
     cpu = platform.processor() or ""
     try:
@@ -313,7 +313,7 @@ def device_info() -> DeviceInfo:
 
 
 def profile_path(device: DeviceInfo, target: ModelId, draft: ModelId | None) -> Path:
-    from . import paths
+    from .. import paths
 
     pair = f"{target.name}:{target.size}|{draft.name + ':' + str(draft.size) if draft else '-'}"
     tag = hashlib.sha256(pair.encode()).hexdigest()[:10]

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from ..errors import FetchError
 from . import catalog
-from .errors import FetchError
 
 
 def problem(m: catalog.CatalogModel, path: Path) -> str | None:

@@ -23,12 +23,12 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..config import EngineConfig
+from ..engine import Engine
+from ..errors import ConfigError, SSDEdgeError
+from ..events import FinishEvent
+from ..speculation.drafters import NgramDrafter
 from . import profile as prof
-from .config import EngineConfig
-from .drafters import NgramDrafter
-from .engine import Engine
-from .errors import ConfigError, SSDEdgeError
-from .events import FinishEvent
 from .planner import NgramShadow
 
 log = logging.getLogger(__name__)
@@ -220,11 +220,11 @@ def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> pro
 def default_pair(model: str | None, model_draft: str | None, models_dir: str | None) -> tuple[str, str]:
     """The pair to measure: the flags', else the catalog's default target and default draft (its q4_0
     variant once derived)."""
-    from .catalog import load_catalog
+    from ..models.catalog import load_catalog
 
     if model and model_draft:
         return model, model_draft
-    from .derive import default_draft
+    from ..models.derive import default_draft
 
     return model or load_catalog().default_target, model_draft or default_draft(models_dir)
 
@@ -277,8 +277,8 @@ def main(model: str | None = None, model_draft: str | None = None, models_dir: s
     """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one)."""
     from rich.console import Console
 
-    from .catalog import resolve_model
-    from .progress import Progress as Report
+    from ..models.catalog import resolve_model
+    from ..progress import Progress as Report
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console()

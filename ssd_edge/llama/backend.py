@@ -26,10 +26,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .errors import ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError, \
-    RPCError, VocabMismatchError
-from .interface import Aborted, ModelInfo, TextStream
-from .rpc import Endpoint, parse_endpoints, probe
+from ..config import Endpoint, parse_endpoints
+from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError, RPCError,
+                      VocabMismatchError)
+from ..interface import Aborted, ModelInfo, TextStream
+from .rpc import probe
 
 __all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "TextStream", "check_gguf_file",
            "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "quantize", "rpc_supported",

@@ -49,12 +49,14 @@ try:  # typer >= 0.22 vendors click
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from . import catalog, downloads, settings
-from .bench import BENCH_MODES, CATEGORIES, BenchArgs, comma_list
-from .bench import main as run_bench
-from .config import EngineConfig, SpecConfig
-from .errors import ConfigError, SSDEdgeError
-from .events import FinishEvent, TokenEvent
+from ..bench.run import BENCH_MODES, BenchArgs, comma_list
+from ..bench.run import main as run_bench
+from ..bench.schema import CATEGORIES
+from ..config import EngineConfig, SpecConfig
+from ..errors import ConfigError, SSDEdgeError
+from ..events import FinishEvent, TokenEvent
+from ..models import catalog, downloads
+from . import settings
 from .settings import OPTIONS, Settings
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
 from .stats_text import stats_line
@@ -204,7 +206,7 @@ def describe(cfg: EngineConfig) -> str:
 
 
 def load_engine(cfg: EngineConfig, s: Settings) -> Any:
-    from .engine import Engine  # loads llama.cpp: not needed by `models` or `--help`
+    from ..engine import Engine  # loads llama.cpp: not needed by `models` or `--help`
 
     log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
     with _stderr().status(f"loading {describe(cfg)}…"):
@@ -224,8 +226,8 @@ def calibrate_on_first_use(engine: Any) -> None:
     rounds with."""
     if not engine.plans_with_profile:  # ar, sd, ...: calibrate (and auto's planning) is not even imported
         return
-    from .calibrate import calibrate_first_use, needs_first_use
-    from .progress import Progress
+    from ..auto.calibrate import calibrate_first_use, needs_first_use
+    from ..progress import Progress
 
     if not needs_first_use(engine):
         return
@@ -416,7 +418,7 @@ def serve(*, flags: dict[str, Any]) -> None:
 
     One engine, one generation at a time, a bounded queue behind it. Listens on 127.0.0.1:8080;
     --host opens it to other machines and then needs --api-key. SIGTERM or Ctrl-C stops it (exit 0)."""
-    from .server.runner import serve as run_server
+    from ..server.runner import serve as run_server
 
     with reported(flags):
         s = settings.resolve(flags)
@@ -557,7 +559,7 @@ def calibrate(
 ) -> None:
     """Measure this device for a (target, draft) pair and save the profile that mode auto uses: step costs
     per thread count, the slowdown of running both models at once, and acceptance on a short probe."""
-    from .calibrate import main as calibrate_main
+    from ..auto.calibrate import main as calibrate_main
 
     with reported(flags):
         n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)
@@ -587,7 +589,7 @@ def rpc_server(
 
     The RPC protocol has no authentication and no encryption: the server listens on 127.0.0.1 unless
     --host says otherwise, and then warns. Ctrl-C stops it."""
-    from . import rpc
+    from ..llama import rpc
 
     with reported({"debug": debug}):
         exe = rpc.find_server(binary)
@@ -675,7 +677,7 @@ def models_derive_draft(
     """Requantize a pulled draft on this device (a few seconds). Use it as -md NAME:TYPE; the default
     draft's q4_0 variant becomes the default draft once it exists. On CPUs with AVX-512, llama.cpp
     decodes Q4_0 faster than Q4_K_M; the draft's quantization never changes the output, only speed."""
-    from . import derive
+    from ..models import derive
 
     with reported(flags):
         s = settings.resolve(flags)

@@ -18,7 +18,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .bench import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow
+from .schema import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow
 
 FIXED = ("sd", "lookup", "ssd")
 ALL = "all"

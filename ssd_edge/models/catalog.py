@@ -24,8 +24,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from . import paths
-from .errors import FetchError, ModelNotFoundError
+from .. import paths
+from ..errors import FetchError, ModelNotFoundError
 
 try:  # Python 3.11+
     import tomllib
@@ -34,7 +34,7 @@ except ModuleNotFoundError:  # pragma: no cover
 
 # models/catalog.toml in the repository; ssd_edge/data/catalog.toml links to it so that
 # the catalog also travels inside a built wheel (setuptools copies the link's target).
-CATALOG_FILE = Path(__file__).parent / "data" / "catalog.toml"
+CATALOG_FILE = Path(__file__).parents[1] / "data" / "catalog.toml"  # ssd_edge/data (package data)
 CHUNK = 8 << 20  # bytes per read when streaming and hashing
 
 

@@ -12,11 +12,11 @@ One Engine per setting (loaded once; the mode is switched per generate call).
 After a warm-up, each prompt runs in every mode with the same seed, the modes
 in an order rotated per prompt so that machine drift hits all alike; the KV
 caches are cleared before each run, so each one prefills its prompt like a
-fresh request. llama.cpp's own speculative decoding (bench_peer.py) runs
+fresh request. llama.cpp's own speculative decoding (peer.py) runs
 interleaved with them when its binary is found.
 
-Writes bench.json (validated against BenchResult below), bench.md (tables in
-the style of llama-bench) and bench.png (bench_report.py) into --output.
+Writes bench.json (validated against schema.BenchResult), bench.md (tables in
+the style of llama-bench) and bench.png (report.py) into --output.
 """
 
 from __future__ import annotations
@@ -35,175 +35,17 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-from pydantic import BaseModel, Field
-
-from .config import EngineConfig, SpecConfig
-from .errors import ConfigError, SSDEdgeError
+from ..config import EngineConfig, SpecConfig
+from ..errors import ConfigError, SSDEdgeError
+from .schema import (CATEGORIES, BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord,
+                     RunRecord, Setting)
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
-CATEGORIES = ("code", "code-edit", "prose", "chat", "translation")
 BENCH_MODES = ("ar", "sd", "lookup", "ssd", "auto")
 WARMUP = [{"role": "user", "content": "Say hello in three languages."}]
-
-
-# ---------------------------------------------------------------- the schema of bench.json
-
-class BenchPrompt(BaseModel):
-    id: str
-    category: Literal["code", "code-edit", "prose", "chat", "translation"]
-    messages: list[dict[str, str]]
-    max_tokens: int | None = Field(default=None, ge=1, description="overrides -n/--n-predict for this prompt")
-
-
-class Setting(BaseModel):
-    name: Literal["separate", "shared"]
-    target_threads: int
-    draft_threads: int
-    description: str
-
-
-class MachineInfo(BaseModel):
-    hostname: str
-    os: str
-    machine: str
-    cpu: str
-    cores: int
-    ram_gib: float
-    python: str
-    llama_system_info: str
-    load_avg_start: tuple[float, float, float]
-    load_avg_end: tuple[float, float, float] | None = None
-
-
-class ModelInfo(BaseModel):
-    role: Literal["target", "draft"]
-    name: str
-    path: str
-    size: int
-
-
-class BenchOptions(BaseModel):
-    modes: list[str]
-    settings: list[str]
-    k: int
-    max_tokens: int
-    reps: int
-    seed: int
-    temperature: float
-    n_ctx: int
-    quick: bool
-    peer_k: list[int] = Field(description="extra llama.cpp draft lengths, run on the code prompts only")
-    categories: list[str]
-
-
-class RunRecord(BaseModel):
-    """One generation."""
-
-    setting: str
-    mode: str
-    prompt_id: str
-    category: str
-    rep: int
-    seed: int
-    prompt_tokens: int
-    tokens: int
-    stop_reason: str
-    wall_s: float
-    ttft_s: float | None
-    decode_s: float = Field(description="wall time after the first round (Stats.decode_s)")
-    tokens_per_s: float = Field(description="decode speed (Stats.tokens_per_s, metrics.decode_rate): tokens after "
-                                            "the first round / decode_s")
-    latencies_ms: list[float] = Field(description="per token: its round's wall time / tokens that round (first round excluded)")
-    drafted: int
-    accepted: int
-    spec_rounds: int
-    rounds: int
-    lookups: int
-    hits: int
-    partial_hits: int
-    draft_busy_s: float
-    target_busy_s: float
-    peak_rss_mib: float
-    modes_run: dict[str, int] = Field(description="rounds per mode that actually ran (auto may switch)")
-    auto: dict[str, Any] | None = None
-    output_sha: str = Field(description="sha256 of the output token ids (greedy runs should agree across modes)")
-
-
-class PeerRecord(BaseModel):
-    setting: str
-    prompt_id: str
-    category: str
-    k: int
-    rep: int
-    prompt_tokens: int
-    tokens: int
-    decode_s: float
-    tokens_per_s: float
-    drafted: int
-    accepted: int
-
-
-class PeerInfo(BaseModel):
-    available: bool
-    binary: str | None
-    version: str | None
-    note: str
-    runs: list[PeerRecord] = Field(default_factory=list)
-    errors: list[str] = Field(default_factory=list)
-
-
-class SummaryRow(BaseModel):
-    setting: str
-    mode: str
-    category: str
-    k: int | None
-    runs: int
-    tokens: int
-    tokens_per_s: float
-    tokens_per_s_std: float = Field(description="spread of per-prompt tokens/s")
-    speedup_vs_ar: float | None
-    ttft_ms: float | None
-    latency_p50_ms: float | None
-    latency_p95_ms: float | None
-    acceptance: float | None
-    mean_accepted_len: float | None
-    hit_rate: float | None
-    draft_util: float | None
-    target_util: float | None
-    peak_rss_mib: float | None
-
-
-class Goal(BaseModel):
-    name: str
-    threshold: str
-    value: float | None
-    met: bool | None
-    detail: str
-
-
-class BenchResult(BaseModel):
-    schema_version: int = SCHEMA_VERSION
-    created: str
-    command: list[str]
-    duration_s: float
-    interrupted: bool = False
-    machine: MachineInfo
-    libraries: dict[str, str]
-    models: list[ModelInfo]
-    options: BenchOptions
-    settings: list[Setting]
-    engine_configs: dict[str, dict[str, Any]]
-    prompts: list[BenchPrompt]
-    profile: dict[str, Any] | None
-    runs: list[RunRecord]
-    peer: PeerInfo
-    summary: list[SummaryRow]
-    goals: list[Goal]
-    notes: list[str]
 
 
 # ---------------------------------------------------------------- inputs
@@ -256,8 +98,8 @@ def hardware_settings(cores: int) -> dict[str, Setting]:
 def machine_info(cores: int) -> MachineInfo:
     import psutil
 
-    from . import backend
-    from .profile import device_info
+    from ..auto.profile import device_info
+    from ..llama import backend
 
     dev = device_info()
     return MachineInfo(hostname=platform.node(), os=platform.platform(), machine=dev.machine, cpu=dev.cpu,
@@ -308,7 +150,7 @@ class RssPeak:
 def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, seed: int, max_tokens: int,
             temperature: float) -> RunRecord:
     """One generation from a cold KV cache; the record of what it did."""
-    from .events import FinishEvent
+    from ..events import FinishEvent
 
     engine.reset()  # each run prefills its prompt, like a fresh request
     sampling = engine.config.sampling.model_copy(update=dict(temperature=temperature, seed=seed))
@@ -353,8 +195,8 @@ class Bench:
     """Runs the plan; `records` and `peer` fill as it goes (so an interrupted run still has its data)."""
 
     def __init__(self, args: BenchArgs, target: Path, draft: Path) -> None:
-        from . import bench_peer
-        from .profile import device_info
+        from ..auto.profile import device_info
+        from . import peer as bench_peer
 
         self.args = args
         self.target, self.draft = target, draft
@@ -399,8 +241,8 @@ class Bench:
                                   verbose=a.verbose)
 
     def run(self, tick: Tick, calibrating: Callable[[str, float], None]) -> None:
-        from .calibrate import ensure_profile
-        from .engine import Engine
+        from ..auto.calibrate import ensure_profile
+        from ..engine import Engine
 
         a = self.args
         for s in self.settings:
@@ -437,7 +279,7 @@ class Bench:
                             tick("")
 
     def _peer(self, engine, s: Setting, p: BenchPrompt, k: int, rep: int, seed: int) -> None:
-        from . import bench_peer
+        from . import peer as bench_peer
 
         a = self.args
         try:
@@ -453,7 +295,7 @@ class Bench:
                                          tokens_per_s=r.tokens_per_s, drafted=r.drafted, accepted=r.accepted))
 
     def result(self, machine: MachineInfo, interrupted: bool) -> BenchResult:
-        from . import bench_peer, bench_report
+        from . import peer as bench_peer, report as bench_report
 
         a = self.args
         machine.load_avg_end = os.getloadavg()
@@ -491,7 +333,7 @@ class Bench:
 
 @dataclass(frozen=True)
 class BenchArgs:
-    """What `ssd-edge bench` was asked (cli.py builds it from the flags; the defaults are the flags')."""
+    """What `ssd-edge bench` was asked (cli/commands.py builds it from the flags; the defaults are the flags')."""
 
     model: str | None = None                     # -m; None: the catalog's default target
     model_draft: str | None = None               # -md; None: the default draft
@@ -553,11 +395,11 @@ def main(args: BenchArgs) -> int:
     """Run the benchmark, write its files, print the brief report; 130 if Ctrl-C cut it short."""
     from rich.console import Console
 
-    from . import bench_report
-    from .calibrate import default_pair
-    from .catalog import resolve_model
-    from .profile import device_info
-    from .progress import Progress
+    from ..auto.calibrate import default_pair
+    from ..auto.profile import device_info
+    from ..models.catalog import resolve_model
+    from ..progress import Progress
+    from . import report as bench_report
 
     args = args.checked()
     console = Console(stderr=True, highlight=False, soft_wrap=True)

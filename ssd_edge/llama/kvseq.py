@@ -20,8 +20,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import ContextFullError
-from .interface import BackendContext
+from ..errors import ContextFullError
+from ..interface import BackendContext
 
 
 class Cancelled(Exception):

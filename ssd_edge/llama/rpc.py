@@ -1,5 +1,5 @@
-"""llama.cpp's RPC backend, the parts that need no compiled library: endpoints, a liveness
-probe, and the command line of the `rpc-server` that `ssd-edge rpc-server` launches.
+"""llama.cpp's RPC backend, the parts that need no compiled library: a liveness probe
+and the command line of the `rpc-server` that `ssd-edge rpc-server` launches.
 
     --rpc 192.168.1.20:50052,192.168.1.21:50052      the target's offloaded layers go there
 
@@ -19,63 +19,17 @@ import os
 import shutil
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .errors import ConfigError, RPCError
+from ..config import RPC_PORT, Endpoint
+from ..errors import ConfigError, RPCError
 
-DEFAULT_PORT = 50052          # rpc-server's default
 PROTO_MAJOR = 7               # RPC_PROTO_MAJOR_VERSION of the vendored ggml-rpc.h (llama-cpp-python 0.3.36)
 PROTO_MINOR = 0
 _CMD_HELLO = 14               # RPC_CMD_HELLO ("must be always 14")
 _CAPS = 24                    # RPC_CONN_CAPS_SIZE: zero caps ask for plain TCP
 SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # the target is ggml-rpc-server in this llama.cpp
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_endpoint(text: str) -> Endpoint:
-    """'HOST:PORT' -> Endpoint; ConfigError naming the text otherwise. IPv6 is not accepted:
-    llama.cpp splits an endpoint at its first ':'."""
-    raw = text.strip()
-    host, sep, port = raw.partition(":")
-    if ":" in port or raw.startswith("["):
-        raise ConfigError(f"invalid --rpc endpoint {text!r}: IPv6 addresses are not supported by llama.cpp's RPC "
-                          "client; use an IPv4 address or a host name")
-    if not sep or not host or not port:
-        raise ConfigError(f"invalid --rpc endpoint {text!r}: expected HOST:PORT, e.g. 127.0.0.1:{DEFAULT_PORT}")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ConfigError(f"invalid --rpc endpoint {text!r}: the port must be a number from 1 to 65535")
-    if any(c.isspace() for c in host) or host.startswith("-"):
-        raise ConfigError(f"invalid --rpc endpoint {text!r}: bad host name")
-    return Endpoint(host, int(port))
-
-
-def parse_endpoints(text: str | Sequence[str] | None) -> list[Endpoint]:
-    """'H:P,H:P' (llama.cpp's --rpc) or a list of 'H:P' -> endpoints, in order, without repeats."""
-    if text is None:
-        return []
-    parts = text.split(",") if isinstance(text, str) else [p for t in text for p in t.split(",")]
-    out: list[Endpoint] = []
-    for part in parts:
-        if not part.strip():
-            if isinstance(text, str) and not text.strip():
-                return []
-            raise ConfigError(f"invalid --rpc {text!r}: an empty endpoint between commas")
-        ep = parse_endpoint(part)
-        if ep not in out:
-            out.append(ep)
-    if len(out) > 16:  # GGML_RPC_MAX_SERVERS
-        raise ConfigError(f"invalid --rpc: {len(out)} endpoints, llama.cpp takes at most 16")
-    return out
 
 
 def probe(ep: Endpoint, timeout_s: float = 3.0) -> None:
@@ -125,7 +79,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def server_command(binary: str | os.PathLike[str], host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+def server_command(binary: str | os.PathLike[str], host: str = "127.0.0.1", port: int = RPC_PORT,
                    threads: int | None = None, cache: bool = False, devices: Sequence[str] = ()) -> list[str]:
     """argv for llama.cpp's rpc-server (flags of vendored tools/rpc/rpc-server.cpp)."""
     if not 1 <= port <= 65535:
@@ -155,7 +109,7 @@ def exposure_warning(host: str) -> str | None:
 def find_server(explicit: str | None = None) -> Path | None:
     """The rpc-server binary: `explicit`, $SSD_EDGE_RPC_SERVER, what scripts/build_llama_tools.sh built
     (llama-tools/bin, or the --rpc-server-only cache rpc-server/VERSION-FLAGS/, newest first), then PATH."""
-    from . import paths
+    from .. import paths
 
     given = explicit or os.environ.get("SSD_EDGE_RPC_SERVER")
     if given:

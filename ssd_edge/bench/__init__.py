@@ -1,0 +1,2 @@
+"""`ssd-edge bench`: run (the runs and their JSON), schema (the result file's records),
+report (tables and plots from a result), peer (llama.cpp's own speculative decoding, the peer column)."""

@@ -1,0 +1,166 @@
+"""The records of bench.json, validated on write and on read: the prompts, the machine and the
+models, every run, the peer's runs, the summary rows and the goals. run.py writes them,
+report.py reads them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+SCHEMA_VERSION = 1
+CATEGORIES = ("code", "code-edit", "prose", "chat", "translation")
+
+
+class BenchPrompt(BaseModel):
+    id: str
+    category: Literal["code", "code-edit", "prose", "chat", "translation"]
+    messages: list[dict[str, str]]
+    max_tokens: int | None = Field(default=None, ge=1, description="overrides -n/--n-predict for this prompt")
+
+
+class Setting(BaseModel):
+    name: Literal["separate", "shared"]
+    target_threads: int
+    draft_threads: int
+    description: str
+
+
+class MachineInfo(BaseModel):
+    hostname: str
+    os: str
+    machine: str
+    cpu: str
+    cores: int
+    ram_gib: float
+    python: str
+    llama_system_info: str
+    load_avg_start: tuple[float, float, float]
+    load_avg_end: tuple[float, float, float] | None = None
+
+
+class ModelInfo(BaseModel):
+    role: Literal["target", "draft"]
+    name: str
+    path: str
+    size: int
+
+
+class BenchOptions(BaseModel):
+    modes: list[str]
+    settings: list[str]
+    k: int
+    max_tokens: int
+    reps: int
+    seed: int
+    temperature: float
+    n_ctx: int
+    quick: bool
+    peer_k: list[int] = Field(description="extra llama.cpp draft lengths, run on the code prompts only")
+    categories: list[str]
+
+
+class RunRecord(BaseModel):
+    """One generation."""
+
+    setting: str
+    mode: str
+    prompt_id: str
+    category: str
+    rep: int
+    seed: int
+    prompt_tokens: int
+    tokens: int
+    stop_reason: str
+    wall_s: float
+    ttft_s: float | None
+    decode_s: float = Field(description="wall time after the first round (Stats.decode_s)")
+    tokens_per_s: float = Field(description="decode speed (Stats.tokens_per_s, metrics.decode_rate): tokens after "
+                                            "the first round / decode_s")
+    latencies_ms: list[float] = Field(description="per token: its round's wall time / tokens that round (first round excluded)")
+    drafted: int
+    accepted: int
+    spec_rounds: int
+    rounds: int
+    lookups: int
+    hits: int
+    partial_hits: int
+    draft_busy_s: float
+    target_busy_s: float
+    peak_rss_mib: float
+    modes_run: dict[str, int] = Field(description="rounds per mode that actually ran (auto may switch)")
+    auto: dict[str, Any] | None = None
+    output_sha: str = Field(description="sha256 of the output token ids (greedy runs should agree across modes)")
+
+
+class PeerRecord(BaseModel):
+    setting: str
+    prompt_id: str
+    category: str
+    k: int
+    rep: int
+    prompt_tokens: int
+    tokens: int
+    decode_s: float
+    tokens_per_s: float
+    drafted: int
+    accepted: int
+
+
+class PeerInfo(BaseModel):
+    available: bool
+    binary: str | None
+    version: str | None
+    note: str
+    runs: list[PeerRecord] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+class SummaryRow(BaseModel):
+    setting: str
+    mode: str
+    category: str
+    k: int | None
+    runs: int
+    tokens: int
+    tokens_per_s: float
+    tokens_per_s_std: float = Field(description="spread of per-prompt tokens/s")
+    speedup_vs_ar: float | None
+    ttft_ms: float | None
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    acceptance: float | None
+    mean_accepted_len: float | None
+    hit_rate: float | None
+    draft_util: float | None
+    target_util: float | None
+    peak_rss_mib: float | None
+
+
+class Goal(BaseModel):
+    name: str
+    threshold: str
+    value: float | None
+    met: bool | None
+    detail: str
+
+
+class BenchResult(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    created: str
+    command: list[str]
+    duration_s: float
+    interrupted: bool = False
+    machine: MachineInfo
+    libraries: dict[str, str]
+    models: list[ModelInfo]
+    options: BenchOptions
+    settings: list[Setting]
+    engine_configs: dict[str, dict[str, Any]]
+    prompts: list[BenchPrompt]
+    profile: dict[str, Any] | None
+    runs: list[RunRecord]
+    peer: PeerInfo
+    summary: list[SummaryRow]
+    goals: list[Goal]
+    notes: list[str]
