@@ -311,7 +311,9 @@ def _offloaded(cfg: EngineConfig) -> bool:
 class Engine:
     """Owns the models and their contexts; runs one generation at a time."""
 
-    def __init__(self, config: EngineConfig, *, models_dir: str | None = None) -> None:
+    def __init__(self, config: EngineConfig, *, models_dir: str | None = None, profiles: bool = True) -> None:
+        """profiles=False: mode auto never reads this device's calibration profile and plans from what
+        each generation times alone (tests that must see the draft paths, whatever a profile says)."""
         if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
         target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose,
@@ -331,6 +333,7 @@ class Engine:
                     obj.close()
             raise
         self._attach(config, target, target_ctx, draft, draft_ctx)
+        self._profile_looked_up = not profiles
 
     @classmethod
     def from_parts(cls, config: EngineConfig, target: Any, target_ctx: Any, draft: Any = None,

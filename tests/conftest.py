@@ -131,8 +131,11 @@ def default_pair() -> tuple[Path, Path]:
     return target, draft
 
 
-def make_engine(pair: tuple[Path, Path], **overrides):
-    """An Engine on a pair, one thread per model unless told otherwise."""
+def make_engine(pair: tuple[Path, Path], profiles: bool = False, **overrides):
+    """An Engine on a pair, one thread per model unless told otherwise. It reads no calibration
+    profile unless `profiles`: one in the user's cache (test_calibrate_real writes the small pair's)
+    would decide what auto and ssd's planner run, and on this machine it says a draft that costs
+    more than a target step never pays, so the tests of the draft paths would see plain steps only."""
     from ssd_edge.config import EngineConfig
     from ssd_edge.engine import Engine
 
@@ -144,7 +147,7 @@ def make_engine(pair: tuple[Path, Path], **overrides):
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
-    return Engine(EngineConfig.build(**cfg))
+    return Engine(EngineConfig.build(**cfg), profiles=profiles)
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ def test_calibration_measures_saves_and_auto_uses_it(small_pair, tmp_path, monke
         # a second call finds the saved file; a fresh engine on the same pair loads it for auto
         again, measured = calibrate.ensure_profile(eng)
         assert not measured and again == prof
-        fresh = make_engine(small_pair, mode="auto")
+        fresh = make_engine(small_pair, profiles=True, mode="auto")
         try:
             assert fresh.auto_profile() == prof
             evs = list(fresh.generate("def add(a, b):", max_tokens=12))
