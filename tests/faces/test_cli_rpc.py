@@ -13,20 +13,11 @@ from pathlib import Path
 import pytest
 
 from ssd_edge.bench import run as bench
-from ssd_edge.cli import settings
 from ssd_edge.cli.settings import engine_config, resolve
 from ssd_edge.errors import ConfigError, RPCError
-from test_cli import one_error, run
+from test_cli import clean_env, one_error, run  # noqa: F401 (clean_env: test_cli's autouse fixture, here too)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    monkeypatch.setattr(settings, "default_config_file", lambda: tmp_path / "absent.toml")
-    for key in list(os.environ):
-        if key.startswith("SSD_EDGE_") and key not in ("SSD_EDGE_HOME", "SSD_EDGE_MODELS"):
-            monkeypatch.delenv(key)
 
 
 def _closed_port() -> int:
