@@ -6,9 +6,9 @@
 Modes:  ar      the target alone, one token per step
         sd      the draft model drafts k tokens, the target verifies them in one batch
         lookup  the n-gram drafter (no model) drafts, the target verifies
-        ssd     sd, plus pre-speculation of the next round while the target verifies (prespec.py)
+        ssd     sd, plus pre-speculation of the next round while the target verifies (speculation/prespec.py)
         auto    each round, whichever of a plain step, the n-gram lookup, a draft or a
-                pre-speculated branch is expected fastest (planner.py); the default
+                pre-speculated branch is expected fastest (auto/planner.py); the default
 
 Every mode emits exactly the target's tokens: its greedy tokens at temperature 0,
 and when sampling, its coupled draws (coupling.py), which follow its distribution
@@ -163,7 +163,7 @@ class _SSD(_Plain):
 
 
 class _Planned(_Plain):
-    """Mode auto: each round the planner (planner.py) picks among a plain step, the n-gram lookup,
+    """Mode auto: each round the planner (auto/planner.py) picks among a plain step, the n-gram lookup,
     a just-in-time draft and, where the draft runs beside the target, a pre-speculated branch.
     A round's mode says which served it: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
 
