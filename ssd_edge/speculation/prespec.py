@@ -22,9 +22,11 @@ engine asks (the verification has ended, the target is idle), a branch decode
 in flight is aborted (llama.cpp's abort callback): waiting for it would only
 delay the target, and what the branches hold so far is still served (a partial
 hit). The one exception is a decode of the likeliest branch when it is the
-outcome the engine looks up: that decode is the hit, so it finishes. Reading history the draft has not seen yet (the prompt, rounds it sat
-out) is progress kept for later rounds, so that is never aborted. Branches
-never hold more than `budget_cells` KV cells.
+outcome the engine looks up: that decode is the hit, so it finishes. Reading
+history the draft has not seen yet (the prompt, rounds it sat out) is progress
+kept for later rounds, so that is never aborted: it goes in chunks of
+READ_CHUNK tokens, between which the worker answers the engine. Branches never
+hold more than `budget_cells` KV cells.
 
 Losslessness does not depend on any of this: a prepared draft is only a
 proposal, verified against the target like any other (verify.py).
@@ -155,7 +157,9 @@ class PrespecWorker:
 
     Between the two threads only the queues carry values: the engine's calls and
     their answers, and with verifying() a PolicySnapshot (the policy itself is the
-    engine thread's). The drafter, its KVSeq and the draft context are the worker's;
+    engine thread's). The one exception is _preempt(), on the engine thread: it
+    reads three attributes the worker sets before each wave (base, _abortable,
+    _growing_first) to decide whether to set the draft context's abort flag. The drafter, its KVSeq and the draft context are the worker's;
     the engine reads drafter.kv only while the worker waits for a call (after an
     answer, before the next verifying()), and drafter.timing, which only a call
     (extend) writes, after that call's answer. The worker writes the Meter
