@@ -38,7 +38,9 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """Bind before the models load, so a port in use fails fast and in words."""
+    """Bind before the models load, so a port in use fails fast and in words; and listen at once, so a
+    client that connects as soon as the "serving" line appears waits in the backlog until uvicorn
+    accepts instead of being refused (a bound socket that does not listen yet refuses)."""
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
@@ -50,6 +52,7 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror} (another server there? pick --port)") from None
+    sock.listen(2048)  # uvicorn's default backlog
     sock.set_inheritable(True)
     return sock
 
