@@ -332,6 +332,7 @@ class PrespecWorker:
             return None
 
     def _stop_reading(self) -> bool:
+        """Whether the worker should stop between two decodes: the engine asks, or the generation ends."""
         return self._interrupted() or (self.cancelled is not None and self.cancelled())
 
     def _prepare(self, history: list[int], draft: Draft, k_next: int) -> None:
@@ -381,7 +382,7 @@ class PrespecWorker:
             live = [br for br in branches if not br.done]
             if not live:
                 return True
-            if self._interrupted() or (self.cancelled and self.cancelled()):
+            if self._stop_reading():
                 return False
             rows = self.ctx.decode([br.feed for br in live], [br.pos for br in live], [br.seq for br in live],
                                    list(range(len(live))))
