@@ -1,7 +1,7 @@
 """How well the target's confidence predicts the draft's acceptance, per prompt.
 
 Mode auto's planner, while only plain steps run, estimates the draft's acceptance from the
-target's mean top-1 probability (ssd_edge/auto/planner.py). This script measures the
+target's mean top-1 probability (ssd_edge/planning/planner.py). This script measures the
 two side by side: greedy sd over prompts of the suite, counting for each drafted
 position the target reached whether the draft's token was accepted, and the
 target's top-1 probability there.

@@ -106,15 +106,20 @@ class SamplingConfig(_Strict):
 
 
 class SpecConfig(_Strict):
-    # 3, not 4: on a CPU llama.cpp multiplies quantized weights four rows at a time, so verifying 4
-    # tokens costs about 1.5 single steps there and 5 tokens about 2.2 (the calibration profile
-    # measures it per device; see README "Performance").
-    k: int = Field(default=3, ge=1, le=32, description="draft tokens per round (--draft-max)")
+    # None: auto and ssd draft as long as this device's verify curve pays for (up to 8 tokens from the
+    # draft model, 16 from an n-gram copy; planning/planner.py), the fixed modes 3 (llama.cpp's default)
+    k: int | None = Field(default=None, ge=1, le=32, description="most draft tokens per round (--draft-max); "
+                          "unset: auto and ssd choose per round up to 8 (draft) or 16 (n-gram), sd and lookup 3")
     k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
     p_min: float = Field(default=0.0, ge=0.0, lt=1.0,
                          description="stop drafting when the draft's top probability falls below this (--draft-p-min)")
     ngram_min: int = Field(default=2, ge=1, le=8, description="shortest n-gram the lookup drafter matches")
     ngram_max: int = Field(default=4, ge=1, le=16, description="longest n-gram the lookup drafter matches")
+
+    @property
+    def k_label(self) -> str:
+        """k as the faces show it: the number, or "auto" (each mode's default: planner.py)."""
+        return str(self.k) if self.k is not None else "auto"
 
     @field_validator("ngram_max")
     @classmethod
@@ -139,8 +144,6 @@ class PrespecConfig(_Strict):
     saguaro_factor: float = Field(default=1.0, gt=0.0, le=1.0,
                                   description="SAGUARO sampling: scale of the draft's top candidates in q (1 = off)")
     saguaro_top: int = Field(default=2, ge=1, le=16, description="how many draft candidates SAGUARO down-weights")
-    plan_rounds: bool = Field(default=True, description="verify 0..k draft tokens per round, whichever is expected "
-                              "fastest on this device (off: always k, as in sd)")
 
 
 class EngineConfig(_Strict):

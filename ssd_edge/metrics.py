@@ -86,7 +86,8 @@ def decode_rate(tokens: int, first_round_tokens: int, wall_s: float, ttft_s: flo
 
 
 class Meter:
-    def __init__(self, mode: str, k: int, budget_cells: int = 0) -> None:
+    def __init__(self, mode: str, k: int | None, budget_cells: int = 0) -> None:
+        """k: the longest draft expected (the per-position tallies grow past it as needed)."""
         self.mode = mode
         self.t0 = time.perf_counter()
         self.t_first: float | None = None  # when the first round's tokens were verified
@@ -94,8 +95,8 @@ class Meter:
         self.n_prompt = 0
         self.tokens = 0
         self.rounds: list[Round] = []
-        self.accepted_at = np.zeros(max(k, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting draft pos i
-        self.drafted_at = np.zeros(max(k, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
+        self.accepted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting pos i
+        self.drafted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
         self.draft_busy = BusyClock()
         self.target_busy = BusyClock()
         self.latency_ms: dict[str, list[float]] = {"hit": [], "partial": [], "miss": [], "none": []}

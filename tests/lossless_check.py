@@ -63,7 +63,7 @@ MODES = {
     "lookup": ("lookup", {}),
     "ssd": ("ssd", {}),
     "ssd-budget4": ("ssd", {"budget_cells": 4}),
-    "ssd-budget0": ("ssd", {"budget_cells": 0, "plan_rounds": False}),
+    "ssd-budget0": ("ssd", {"budget_cells": 0}),
     "auto": ("auto", {}),  # the default: the round planner (at the tests' 1 + 1 threads, with the worker)
 }
 BUDGET_PROMPTS = ("fibonacci", "lighthouse", "chat_code")  # a code, a prose and a chat prompt

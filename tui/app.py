@@ -354,7 +354,7 @@ class SSDEdgeApp(App[int]):
             return str(e)
         self.max_tokens = max_tokens
         self.query_one(LivePanel).show_settings(self.config, self.live)
-        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k} · "
+        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k_label} · "
                         f"temperature {self.config.sampling.temperature:g}")
         return None
 

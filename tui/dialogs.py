@@ -53,8 +53,8 @@ class SettingsScreen(Dialog):
             yield Label("Generation settings", classes="title")
             yield Label("mode")
             yield Select([(f"{m:<7} {MODE_HELP[m]}", m) for m in MODES], value=c.mode, allow_blank=False, id="mode")
-            yield Label("k (draft tokens per round, 1-32)")
-            yield Input(str(c.spec.k), id="k", type="integer")
+            yield Label("k (most draft tokens per round, 1-32; empty: auto plans it)")
+            yield Input("" if c.spec.k is None else str(c.spec.k), id="k", type="integer")
             yield Label("temperature (0 = greedy)")
             yield Input(f"{c.sampling.temperature:g}", id="temperature", type="number")
             yield Label("max tokens per reply")
@@ -68,7 +68,7 @@ class SettingsScreen(Dialog):
     def accept(self) -> None:
         try:
             changes = {"mode": self.query_one("#mode", Select).value,
-                       "k": int(self.query_one("#k", Input).value),
+                       "k": int(k) if (k := self.query_one("#k", Input).value.strip()) else None,
                        "temperature": float(self.query_one("#temperature", Input).value),
                        "max_tokens": int(self.query_one("#max_tokens", Input).value)}
         except ValueError:

@@ -41,7 +41,7 @@ def calibrating_engine_factory(config: EngineConfig, models_dir: str | None) -> 
     engine = default_engine_factory(config, models_dir)
     if not engine.plans_with_profile:
         return engine
-    from ssd_edge.auto.calibrate import calibrate_first_use, needs_first_use
+    from ssd_edge.bench.calibrate import calibrate_first_use, needs_first_use
 
     try:
         if needs_first_use(engine):

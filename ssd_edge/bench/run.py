@@ -37,7 +37,8 @@ from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig
+from ..planning.planner import FIXED_K
 from ..errors import ConfigError, SSDEdgeError
 from .schema import (CATEGORIES, BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord,
                      RunRecord, Setting)
@@ -98,7 +99,7 @@ def hardware_settings(cores: int) -> dict[str, Setting]:
 def machine_info(cores: int) -> MachineInfo:
     import psutil
 
-    from ..auto.profile import device_info
+    from ..planning.profile import device_info
     from ..llama import backend
 
     dev = device_info()
@@ -195,7 +196,7 @@ class Bench:
     """Runs the plan; `records` and `peer` fill as it goes (so an interrupted run still has its data)."""
 
     def __init__(self, args: BenchArgs, target: Path, draft: Path) -> None:
-        from ..auto.profile import device_info
+        from ..planning.profile import device_info
         from . import peer as bench_peer
 
         self.args = args
@@ -222,14 +223,19 @@ class Bench:
         n = sum(len(self.jobs(p)) for p in self.prompts)
         return len(self.settings) * (self.args.reps * n + 1)
 
+    @property
+    def peer_k(self) -> int:
+        """llama.cpp's draft length: -k, else its default (--spec-draft-n-max 3)."""
+        return self.args.k or FIXED_K
+
     def jobs(self, p: BenchPrompt) -> list[str]:
         """What runs on one prompt: every mode, the llama.cpp peer at -k, and on code prompts its other k."""
         a = self.args
         out = list(a.modes)
         if self.peer_bin is not None:
-            out.append(f"peer:{a.k}")
+            out.append(f"peer:{self.peer_k}")
             if p.category == "code":
-                out += [f"peer:{k}" for k in a.peer_k if k != a.k]
+                out += [f"peer:{k}" for k in a.peer_k if k != self.peer_k]
         return out
 
     def config(self, s: Setting) -> EngineConfig:
@@ -241,7 +247,7 @@ class Bench:
                                   verbose=a.verbose)
 
     def run(self, tick: Tick, calibrating: Callable[[str, float], None]) -> None:
-        from ..auto.calibrate import ensure_profile
+        from .calibrate import ensure_profile
         from ..engine import Engine
 
         a = self.args
@@ -308,7 +314,7 @@ class Bench:
                                    "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh "
                                    "or --llama-tools DIR)"),
             runs=self.peer_runs, errors=self.peer_errors)
-        summary = bench_report.summarize(self.records, self.peer_runs, k=a.k)
+        summary = bench_report.summarize(self.records, self.peer_runs, k=self.peer_k)
         opts = BenchOptions(modes=list(a.modes), settings=list(a.settings), k=a.k, max_tokens=a.max_tokens,
                             reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size, quick=a.quick,
                             peer_k=list(a.peer_k) if self.peer_bin else [], categories=sorted({p.category for p in self.prompts}))
@@ -344,7 +350,7 @@ class BenchArgs:
     category: tuple[str, ...] | None = None
     prompts: str | None = None                   # a JSONL prompt file; None: the shipped suite
     max_tokens: int = 128                        # -n/--n-predict: tokens per generation
-    k: int = SpecConfig().k                      # -k/--draft-max
+    k: int | None = None                         # -k/--draft-max; None: the engine's default per mode
     reps: int = 1
     seed: int = 0
     temp: float = 0.0
@@ -364,7 +370,7 @@ class BenchArgs:
         """Validated, with --quick's caps applied and ar (the baseline of every speedup) among the modes."""
         if self.max_tokens < 1:
             raise ConfigError("-n/--n-predict must be at least 1")
-        if not 1 <= self.k <= 32:
+        if self.k is not None and not 1 <= self.k <= 32:
             raise ConfigError("-k/--draft-max must be between 1 and 32")
         if self.reps < 1:
             raise ConfigError("--reps must be at least 1")
@@ -395,8 +401,8 @@ def main(args: BenchArgs) -> int:
     """Run the benchmark, write its files, print the brief report; 130 if Ctrl-C cut it short."""
     from rich.console import Console
 
-    from ..auto.calibrate import default_pair
-    from ..auto.profile import device_info
+    from .calibrate import default_pair
+    from ..planning.profile import device_info
     from ..models.catalog import resolve_model
     from ..progress import Progress
     from . import report as bench_report

@@ -49,7 +49,7 @@ class ModelInfo(BaseModel):
 class BenchOptions(BaseModel):
     modes: list[str]
     settings: list[str]
-    k: int
+    k: int | None = Field(description="-k/--draft-max; None: each mode's default (auto: per round, up to what the verify curve pays for)")
     max_tokens: int
     reps: int
     seed: int

@@ -276,7 +276,7 @@ class ChatSession:
 
     def _settings_text(self) -> str:
         cfg = self.engine.config
-        return f"mode {cfg.mode} · k {cfg.spec.k} · temp {cfg.sampling.temperature:g}"
+        return f"mode {cfg.mode} · k {cfg.spec.k_label} · temp {cfg.sampling.temperature:g}"
 
     def _set(self, command: str, arg: str, parse: Callable[[str], Any], setting: str) -> bool:
         """Show the settings, or parse `arg` and hand it to engine.configure(setting=...)."""
@@ -300,7 +300,7 @@ class ChatSession:
         return self._set("mode", arg.lower(), str, "mode")
 
     def _k(self, arg: str) -> bool:
-        return self._set("k", arg, int, "k")
+        return self._set("k", arg, lambda a: None if a.lower() == "auto" else int(a), "k")  # auto: planned
 
     def _temp(self, arg: str) -> bool:
         return self._set("temp", arg, float, "temperature")

@@ -52,7 +52,7 @@ except ImportError:  # pragma: no cover
 from ..bench.run import BENCH_MODES, BenchArgs, comma_list
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
 from ..models import catalog, downloads
@@ -226,7 +226,7 @@ def calibrate_on_first_use(engine: Any) -> None:
     rounds with."""
     if not engine.plans_with_profile:  # ar, sd, ...: calibrate (and auto's planning) is not even imported
         return
-    from ..auto.calibrate import calibrate_first_use, needs_first_use
+    from ..bench.calibrate import calibrate_first_use, needs_first_use
     from ..progress import Progress
 
     if not needs_first_use(engine):
@@ -447,8 +447,8 @@ BENCH_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "draft_max",
 BENCH_HELP = {
     "model_draft": _DEFAULT_DRAFT,
     "n_predict": "tokens per generation (default 128; --quick: at most 24); a prompt's own max_tokens overrides it",
-    "draft_max": f"draft length k, the most tokens a round drafts, in every mode (default {SpecConfig().k}); "
-                 "auto plans 0..k each round",
+    "draft_max": "the most tokens a round drafts, in every mode (default: auto plans each round's length up to 8 "
+                 "from the draft model, 16 from an n-gram copy; sd, lookup, ssd and llama.cpp's peer draft 3)",
     "ctx_size": "context size in tokens (default 2048)",
     "temp": "sampling temperature (default 0 = greedy)",
     "seed": "base seed; prompt i uses seed + i in every mode (default 0)",
@@ -524,7 +524,7 @@ def bench(
             modes=comma_list("--modes", modes, BENCH_MODES),
             settings=comma_list("--settings", hardware, ("separate", "shared")),
             category=comma_list("--category", category, CATEGORIES) if category is not None else None,
-            prompts=prompts, max_tokens=128 if n is None else n, k=f.get("draft_max", SpecConfig().k), reps=reps,
+            prompts=prompts, max_tokens=128 if n is None else n, k=f.get("draft_max"), reps=reps,
             seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
             no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
@@ -545,13 +545,13 @@ def _ints(flag: str, text: str | None) -> list[int]:
 @app.command(epilog=MEASURE_EPILOG)
 @with_options(CALIBRATE_OPTIONS, CALIBRATE_HELP)
 def calibrate(
-    k_max: Annotated[int, typer.Option("--k-max", help="longest draft length to measure (default 8)",
-                                       show_default=False)] = 8,
+    k_max: Annotated[int, typer.Option("--k-max", help="longest draft length to measure (default 16)",
+                                       show_default=False)] = 16,
     reps: Annotated[int, typer.Option("--reps", help="timed runs per measurement; the median is kept (default 3)",
                                       show_default=False)] = 3,
     quick: Annotated[bool, typer.Option("--quick", help="fewer repetitions and a shorter probe (about half the "
                                         "time)")] = False,
-    show: Annotated[bool, typer.Option("--show", help="print the saved profile and what auto picks; measure "
+    show: Annotated[bool, typer.Option("--show", help="print the saved profile and what it means for auto; measure "
                                        "nothing")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="print the profile as JSON")] = False,
     probe_tokens: Annotated[Optional[int], typer.Option("--probe-tokens", hidden=True)] = None,  # -n's old name
@@ -559,7 +559,7 @@ def calibrate(
 ) -> None:
     """Measure this device for a (target, draft) pair and save the profile that mode auto uses: step costs
     per thread count, the slowdown of running both models at once, and acceptance on a short probe."""
-    from ..auto.calibrate import main as calibrate_main
+    from ..bench.calibrate import main as calibrate_main
 
     with reported(flags):
         n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)

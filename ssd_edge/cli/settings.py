@@ -91,7 +91,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
     Option("no_calibrate", ("--no-calibrate",), bool, "do not measure this device the first time mode auto "
            "meets a model pair (auto then prices rounds from what each generation times)", _X),
-    Option("draft_max", ("-k", "--draft-max"), int, "draft tokens per round, k (default 3)", _X),
+    Option("draft_max", ("-k", "--draft-max"), int, "most draft tokens per round, k (default: auto plans up to 8 from the draft, 16 from an n-gram copy; sd, lookup, ssd 3)", _X),
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
     Option("budget_cells", ("--budget-cells",), int, "SSD: draft KV cells that pre-speculated branches may hold "

@@ -47,7 +47,7 @@ from ..interface import Aborted
 from ..llama.kvseq import Cancelled, common_prefix
 from ..metrics import Meter
 from .drafters import Candidates, Draft, ModelDrafter, top_candidates
-from .policy import PolicySnapshot, PrespecPolicy
+from .policy import PolicySnapshot
 
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
@@ -165,12 +165,11 @@ class PrespecWorker:
     (extend) writes, after that call's answer. The worker writes the Meter
     only through meter.branches and drafter.busy, both locked."""
 
-    def __init__(self, drafter: ModelDrafter, policy: PrespecPolicy, cfg: PrespecConfig, meter: Meter,
-                 n_seq: int, cancelled: Callable[[], bool] | None = None) -> None:
+    def __init__(self, drafter: ModelDrafter, cfg: PrespecConfig, meter: Meter, n_seq: int,
+                 cancelled: Callable[[], bool] | None = None) -> None:
         self.drafter = drafter
         self.ctx = drafter.ctx
-        self.policy = policy  # the engine thread's (it observes rounds through it); verifying() snapshots it
-        self._policy: PolicySnapshot | None = None  # the worker's copy for the round it prepares
+        self._policy: PolicySnapshot | None = None  # what the round being prepared is ranked by
         self.cfg = cfg
         self.meter = meter
         self.cancelled = cancelled
@@ -178,7 +177,6 @@ class PrespecWorker:
         self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
         self.base: tuple[list[int], Draft] | None = None
         self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
-        self.max_cells_seen = 0
         self.error: BaseException | None = None
         self._abortable = False  # True while growing branches (a decode the engine may abort)
         # the outcome (a, b) of the likeliest branch while it grows alone: the engine lets a decode
@@ -214,9 +212,10 @@ class PrespecWorker:
             return
         self.ctx.abort.set()
 
-    def verifying(self, history: list[int], draft: Draft, k_next: int) -> None:
-        # the policy is the engine thread's: the worker gets a snapshot of it, taken here
-        self._inbox.put(("verifying", (list(history), draft, k_next, self.policy.snapshot(len(draft)))))
+    def verifying(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
+        """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
+        bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
+        self._inbox.put(("verifying", (list(history), draft, policy)))
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
@@ -305,16 +304,16 @@ class PrespecWorker:
             self.free_seqs.append(br.seq)
         self.meter.branches.set_cells(0)
 
-    def _prespec(self, history: list[int], draft: Draft, k_next: int, policy: PolicySnapshot) -> None:
+    def _prespec(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
-        if not policy.enabled or self._interrupted():
+        if self._interrupted():
             return
         self._policy = policy  # what _prepare ranks outcomes by
         self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
         t0 = time.perf_counter()
         try:
-            self._prepare(history, draft, k_next)
+            self._prepare(history, draft, policy.depth)
         finally:
             self._busy(t0)
 
@@ -335,7 +334,7 @@ class PrespecWorker:
         """Whether the worker should stop between two decodes: the engine asks, or the generation ends."""
         return self._interrupted() or (self.cancelled is not None and self.cancelled())
 
-    def _prepare(self, history: list[int], draft: Draft, k_next: int) -> None:
+    def _prepare(self, history: list[int], draft: Draft, depth: int) -> None:
         k = len(draft)
         temp = self.drafter.cand_temperature()
         cands = list(draft.cands or ())
@@ -347,7 +346,7 @@ class PrespecWorker:
         cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
         plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
-                             cells_per_branch=k_next)
+                             cells_per_branch=depth)
         if not plan:
             return
         n = len(history)
@@ -367,7 +366,7 @@ class PrespecWorker:
             self._growing_first = (group[0].a, group[0].b) if wave == 0 and group else None
             self._abortable = True
             try:
-                if not self._grow(branches, k_next):
+                if not self._grow(branches, depth):
                     return
             except Aborted:
                 return
@@ -398,9 +397,7 @@ class PrespecWorker:
                 br.feed = t
                 self.meter.branches.add_prepared(1)
                 br.done = len(br.tokens) >= depth
-            cells = self.cache.cells()
-            self.max_cells_seen = max(self.max_cells_seen, cells)
-            self.meter.branches.set_cells(cells)
+            self.meter.branches.set_cells(self.cache.cells())
 
     def _finish(self) -> None:
         """Drop branches and move the main sequence back to 0 for the next generation."""

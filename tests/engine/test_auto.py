@@ -6,12 +6,14 @@ with sampling its coupled draws, the same for one seed in every mode and under l
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from fakes import FakeContext, FakeModel
-from ssd_edge.auto.profile import Acceptance, DeviceInfo, ModelId, Profile, ThreadCosts
+from ssd_edge.planning import rounds as planned
+from ssd_edge.planning.profile import Acceptance, DeviceInfo, ModelId, Profile, ThreadCosts
 from ssd_edge.config import EngineConfig, split_threads
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
@@ -56,7 +58,7 @@ def run(eng: Engine, mode: str = "auto", n: int = 80, prompt=PROMPT, **kw):
 @pytest.fixture(autouse=True)
 def two_cores(monkeypatch):
     """This project's machine: 2 cores (the draft runs beside the target only at 1 + 1 threads)."""
-    monkeypatch.setattr("ssd_edge.engine.usable_cores", lambda: 2)
+    monkeypatch.setattr("ssd_edge.planning.rounds.usable_cores", lambda: 2)
 
 
 def test_auto_is_the_default_mode():
@@ -205,12 +207,12 @@ def test_the_profile_decides_whether_the_draft_runs_beside_the_target():
     # measured contention as on this project's CPU: a target step on 1 thread beside the draft
     # costs 173 ms against 105 alone on 2: alternating wins
     eng.profile, eng._profile_looked_up = profile([173 + 50 * i for i in range(7)], 1.05), True
-    assert eng._threads_for("auto", eng.config).target.threads == 2
+    assert planned.threads_for("auto", eng.config, True, eng.profile).target.threads == 2
     _, fin = run(eng)
     assert not fin.stats.auto.concurrent
-    # a device where the target hardly slows beside the draft (a GPU target, more cores): side by side
-    eng.profile = profile([110 + 10 * i for i in range(7)], 1.02)
-    cfg = eng._threads_for("auto", eng.config)
+    # a device where the target keeps its speed beside the draft (bound by memory, not cores): side by side
+    eng.profile = profile([100 + 10 * i for i in range(7)], 1.02)
+    cfg = planned.threads_for("auto", eng.config, True, eng.profile)
     assert (cfg.target.threads, cfg.draft.threads) == (1, 1)
     _, fin = run(eng)
     assert fin.stats.auto.concurrent
@@ -239,8 +241,7 @@ def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exa
     """Sampled sd/ssd used to subtract rows of different lengths (p - q) and index past p with a
     padded id; now the draft's rows only make guesses, an id the target lacks is simply rejected."""
     cfg = EngineConfig.build(target=dict(path="fake-target", threads=1), draft=dict(path="fake-draft", threads=1),
-                             n_ctx=1024, mode="auto", spec=dict(k=3),
-                             prespec=dict(plan_rounds=False))  # fixed ssd drafts every round
+                             n_ctx=1024, mode="auto", spec=dict(k=3))
     target, dm = FakeModel("target"), FakeModel("draft", disagree_every=4)
     dctx = _PaddedContext(dm, n_ctx=2048, n_seq_max=cfg.prespec.fanout_max + 1, n_vocab=n_vocab)
     eng = Engine.from_parts(cfg, target, FakeContext(target, n_ctx=1024), dm, dctx)
@@ -254,20 +255,109 @@ def test_a_draft_with_a_padded_vocabulary_samples_without_crashing_and_stays_exa
 def test_rpc_target_plans_without_a_profile_and_runs_the_draft_beside(monkeypatch):
     """A target on --rpc servers: no calibration profile (one measures a target on this device), no first-use
     calibration, and its compute is off this CPU, so the draft may pre-speculate beside it on any core count."""
-    from ssd_edge import config as config_mod, engine as engine_mod
-    from ssd_edge.auto import calibrate, profile
+    from ssd_edge.bench import calibrate
+    from ssd_edge.planning import profile
 
     looked = []
     monkeypatch.setattr(profile, "load", lambda *a: looked.append(a))
-    monkeypatch.setattr(engine_mod, "usable_cores", lambda: 1)
-    monkeypatch.setattr(config_mod, "usable_cores", lambda: 1)
+    monkeypatch.setattr(planned, "usable_cores", lambda: 1)
     eng = engine(threads=(1, 1))
     eng.config = eng.config.model_copy(update={"target": eng.config.target.model_copy(
         update={"rpc": ["127.0.0.1:50052"], "n_gpu_layers": -1})})
     assert eng.auto_profile() is None and looked == []
     assert not calibrate.needs_first_use(eng)
-    assert eng.runs_beside(eng.config)
+    assert planned.runs_beside(eng.config)
     local = engine(threads=(1, 1))
-    assert not local.runs_beside(local.config)  # 1 + 1 threads on one core: they would take turns
+    assert not planned.runs_beside(local.config)  # 1 + 1 threads on one core: they would take turns
     out = run(eng, n=40)
     assert out[1].tokens == run(local, mode="ar", n=40)[1].tokens
+
+
+# ---------------------------------------------------------------- the two regimes, and the worker earning its keep
+
+FLAT = [100, 137, 150, 169, 172, 175, 178, 180, 185, 190, 195, 200, 205, 210, 215, 220, 225]  # BF16-like
+STEEP = [36 * n for n in range(1, 18)]                                                         # compute-bound
+
+
+def regime_engine(curve: list[float], disagree_every: int = 0, threads=(2, 2), draft_scale: float = 0.3,
+                  slow_beside: float = 1.0, **spec) -> Engine:
+    """auto without -k on a fake target whose decode of n tokens costs curve[n - 1] ms (10x faster),
+    and a draft step of draft_scale of a target step; slow_beside: the target's decodes take that
+    much longer while the draft decodes (cores or memory bandwidth the two share)."""
+    cfg = EngineConfig.build(target=dict(path="fake-target", threads=threads[0]),
+                             draft=dict(path="fake-draft", threads=threads[1]), n_ctx=1024, mode="auto",
+                             spec=spec)
+    drafting = threading.Event()
+
+    class Draft(FakeContext):
+        def decode(self, *a, **kw):
+            drafting.set()
+            try:
+                return super().decode(*a, **kw)
+            finally:
+                drafting.clear()
+
+    class Target(FakeContext):
+        def decode(self, tokens, *a, **kw):  # its work goes slow_beside times slower while the draft decodes
+            work, start = curve[min(len(tokens), len(curve)) - 1] / SCALE, time.perf_counter()
+            while work > 0:
+                time.sleep(0.0005)
+                now = time.perf_counter()
+                work -= (now - start) / (slow_beside if drafting.is_set() else 1.0)
+                start = now
+            return super().decode(tokens, *a, **kw)
+
+    target, dm = FakeModel("target"), FakeModel("draft", disagree_every=disagree_every)
+    tctx = Target(target, n_ctx=1024)
+    dctx = Draft(dm, n_ctx=2048, n_seq_max=cfg.prespec.fanout_max + 1,
+                 decode_delay=lambda n: draft_scale * curve[0] * (1 + 0.1 * (n - 1)) / SCALE)
+    return Engine.from_parts(cfg, target, tctx, dm, dctx)
+
+
+def test_a_flat_verify_curve_gets_the_draft_model_with_drafts_longer_than_three():
+    eng = regime_engine(FLAT)
+    rounds, fin = run(eng, n=120)
+    _, ref = run(eng, "ar", n=120)
+    assert fin.tokens == ref.tokens
+    drafted = [r.drafted for r in rounds if r.speculator == "draft"]
+    assert len(drafted) > 0.6 * len(rounds) and max(drafted) > 3, fin.stats.speculators
+
+
+def test_a_steep_verify_curve_gets_plain_steps():
+    eng = regime_engine(STEEP, draft_scale=0.4, disagree_every=3)
+    rounds, fin = run(eng, n=80)
+    assert fin.stats.speculators.get("none", 0) > 0.8 * len(rounds), fin.stats.speculators
+
+
+def test_a_long_copy_gets_a_long_ngram_draft_where_verifying_is_cheap():
+    eng = regime_engine(FLAT, disagree_every=-1)  # a draft that is always wrong: the copy is all there is
+    _, first = run(eng, "ar", n=80)
+    s, m = PROMPT + list(first.tokens), 20        # as in test_ngram_serves_an_answer_that_quotes_the_prompt,
+    prompt = s[:m + 40] + [1] * 18 + s[m - 4:m]   # with a 40-token passage to quote, two periods of 31 on
+    assert len(prompt) == m + 62
+    rounds, fin = run(eng, prompt=prompt, n=40)
+    _, ref = run(eng, "ar", prompt=prompt, n=40)
+    assert fin.tokens == ref.tokens == tuple(s[m:m + 40])
+    assert max(r.drafted for r in rounds if r.speculator == "ngram") > 3
+
+
+def test_the_worker_rests_when_its_branches_go_unused():
+    """1 + 1 threads (it runs beside), a steep curve: plain steps serve, so whatever the worker
+    prepares is never verified, and it stops preparing."""
+    eng = regime_engine(STEEP, threads=(1, 1), draft_scale=0.4, disagree_every=3)
+    rounds, fin = run(eng, n=100)
+    assert fin.stats.auto.concurrent
+    late = rounds[len(rounds) // 2:]
+    assert sum(r.prespec is not None for r in late) < 0.25 * len(late), [r.prespec for r in late]
+
+
+def test_the_worker_rests_when_it_slows_the_target():
+    """A predictable draft on a flat curve, but the target's decodes take 6x as long while the draft
+    decodes beside it: the planner times busy verifies against idle ones and stops the worker."""
+    eng = regime_engine(FLAT, threads=(1, 1), slow_beside=6.0)
+    rounds, fin = run(eng, n=400)
+    _, ref = run(eng, "ar", n=400)
+    assert fin.tokens == ref.tokens
+    assert fin.stats.auto.planner["contention"] > 1.5
+    late = rounds[len(rounds) // 2:]
+    assert sum(r.prespec is not None for r in late) < 0.3 * len(late), [r.prespec for r in late]

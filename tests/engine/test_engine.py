@@ -10,7 +10,7 @@ import pytest
 
 from ssd_edge.interface import TextStream
 from ssd_edge.config import EngineConfig
-from ssd_edge.engine import _Text
+from ssd_edge.text import StopText as _Text
 from ssd_edge.errors import (ConfigError, ContextFullError, CorruptModelError, DecodeError, FetchError, ModelError,
                              ModelNotFoundError, NotGGUFError, SSDEdgeError, VocabMismatchError)
 

@@ -88,7 +88,7 @@ def test_branch_cells_never_exceed_the_budget():
 
     def checked(tokens, positions, seqs, logits_for):
         out = original(tokens, positions, seqs, logits_for)
-        main = eng._worker.drafter.kv.seq if eng._worker else 0
+        main = eng.draft_kv.seq  # the worker's main sequence (a hit moves it onto the branch)
         seen.append(draft_ctx.cells_outside(main))
         return out
 
@@ -120,11 +120,12 @@ def test_miss_streak_switches_to_backup_and_rollback_restores_sd():
     eng, _ = fake_engine(disagree_every=-1, budget_cells=8, backup_after_misses=1, rollback_after_misses=4,
                          probe_every=3, target_delay=0.005)
     events = list(eng.generate(tokens=[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], max_tokens=60, mode="ssd"))
-    rounds = [e.round for e in events[:-1]]
-    assert any(r.mode == "rolled-back" for r in rounds)
-    # after rolling back it probes again: some later round runs pre-speculation ('ssd') once more
-    first_rb = next(i for i, r in enumerate(rounds) if r.mode == "rolled-back")
-    assert any(r.mode == "ssd" for r in rounds[first_rb:])
+    states = [e.live.state for e in events[:-1]]
+    assert "rolled-back" in states
+    # after rolling back it probes again: some later round looks up what pre-speculation prepared
+    first_rb = states.index("rolled-back")
+    assert any(e.round.prespec is not None for e in events[first_rb + 1:-1])
+    assert all(e.round.mode in ("ar", "sd", "lookup", "ssd") for e in events[:-1])  # who served, not the state
     ref = eng.complete(tokens=[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2], max_tokens=60, mode="ar")
     assert events[-1].tokens == ref.tokens
 
@@ -166,18 +167,27 @@ def test_ssd_sampled_runs_and_stays_in_the_target_support():
 
 
 def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeypatch):
-    # The planner may decide that none of a half-grown branch is worth verifying (it then
+    # auto's planner may decide that none of a half-grown branch is worth verifying (it then
     # takes a plain step); with sampling there are no q rows to stack. Found by the soak test.
     from ssd_edge.config import SamplingConfig
-    from ssd_edge.speculation.policy import PrespecPolicy
+    from ssd_edge.planning.planner import Decision, Planner
 
-    monkeypatch.setattr(PrespecPolicy, "plan_round", lambda self, ready, k: k if ready >= k else 0)
-    eng, _ = fake_engine(disagree_every=0, target_delay=0.035, draft_delay=0.01)
-    out = run(eng, "ssd", n=30)
+    planned = Planner._plan
+
+    def plain_for_a_partial(self, offer):
+        if offer.prepared is not None and not offer.prepared_done and offer.prepared < min(offer.room, 4):
+            return Decision("plain", 0, 0.0)
+        return planned(self, offer)
+
+    monkeypatch.setattr(Planner, "_plan", plain_for_a_partial)
+    monkeypatch.setattr(Planner, "prespec_pays", lambda self, verifying=1: True)
+    monkeypatch.setattr("ssd_edge.planning.rounds.usable_cores", lambda: 2)  # 1 + 1 threads: the worker runs
+    eng, _ = fake_engine("auto", disagree_every=0, target_delay=0.035, draft_delay=0.01)
+    out = run(eng, "auto", n=30)
     assert out.tokens == run(eng, "ar", n=30).tokens
     assert out.stats.prespec.partial_hits > 0 and out.stats.speculators.get("none", 0) > 0
     s = SamplingConfig(temperature=0.8, seed=3)
-    sampled = eng.complete(tokens=PROMPT, max_tokens=30, mode="ssd", sampling=s)
+    sampled = eng.complete(tokens=PROMPT, max_tokens=30, mode="auto", sampling=s)
     assert len(sampled.tokens) == 30 and in_target_support(sampled.tokens, PROMPT, s) == []
     pre = sampled.stats.prespec
     assert pre.partial_hits > 0 and sampled.stats.speculators.get("none", 0) > 0, sampled.stats
@@ -229,8 +239,8 @@ def test_threads_follow_the_mode_unless_pinned():
 
 
 def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monkeypatch):
-    """The policy is the engine thread's: every attribute read of it (observations, plan_round,
-    snapshot) happens there, while the worker thread prepares branches from its snapshot."""
+    """The policy is the engine thread's: every attribute read of it (observations, the inputs it
+    gives the planner, snapshot) happens there, while the worker thread prepares branches from its snapshot."""
     from ssd_edge.speculation import policy
 
     readers = set()
@@ -250,11 +260,14 @@ def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monke
 
 def test_a_policy_snapshot_does_not_follow_later_observations():
     from ssd_edge.config import PrespecConfig
+    from ssd_edge.planning.planner import MENUS, Planner
     from ssd_edge.speculation.policy import PrespecPolicy
 
-    pol = PrespecPolicy(PrespecConfig(), k=3)
-    snap = pol.snapshot(3)
+    pol, planner = PrespecPolicy(PrespecConfig()), Planner(MENUS["ssd"], draft_cap=3)
+    snap = pol.snapshot(planner.p_accept(3), planner.branch_depth())
+    before = snap.p_accept.tolist()
     for _ in range(5):
-        pol.observe_verify(3, 0, "draft")
-    assert snap.p_accept.tolist() != pol.outcome_probs(3).tolist()
+        planner.observe("draft", 3, 0, 100.0)
+        pol.observe_lookup("hit", 0.9)
+    assert snap.p_accept.tolist() == before != planner.p_accept(3).tolist()
     assert len(snap.p_accept) == 4 and abs(sum(snap.p_accept) - 1) < 1e-9

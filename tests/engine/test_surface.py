@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fakes import FakeContext, FakeModel
-from ssd_edge.auto import calibrate
+from ssd_edge.bench import calibrate
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 
@@ -61,11 +61,11 @@ def test_timing_leaves_each_cache_holding_the_prefix_and_generation_stays_lossle
     eng, target_ctx, draft_ctx = fake_engine(delay=0.002)
     ref = eng.complete(tokens=PROMPT, max_tokens=20, mode="ar").tokens
     prefix = list(range(40, 56))
-    assert eng.time_prefill("draft", prefix) > 0
-    ms = eng.time_decode("target", prefix, [7, 8, 9], reps=3)
+    timer = eng.decode_timer()
+    ms = timer.decode_ms("target", prefix, [7, 8, 9], reps=3)
     assert ms >= 2.0 and target_ctx.seq_tokens(0) == prefix and list(eng.target_kv.tokens) == prefix
-    v_ms, d_ms = eng.time_decode_beside(prefix, [7, 8], seconds=0.05)
-    assert v_ms >= 2.0 and d_ms >= 2.0
+    target_x, draft_x = timer.contention(prefix, [7, 8], pairs=3)
+    assert target_x > 0 and draft_x > 0  # (fake decodes sleep: no contention to speak of)
     assert draft_ctx.seq_tokens(0) == prefix == list(eng.draft_kv.tokens)
     assert eng.complete(tokens=PROMPT, max_tokens=20, mode="sd").tokens == ref
 
@@ -78,12 +78,14 @@ def test_calibrate_measures_through_the_public_surface_and_restores_the_threads(
     eng.use_threads(1, 1)
     ref = eng.complete(tokens=PROMPT, max_tokens=16, mode="ar").tokens
     seen = []
-    p = calibrate.measure(eng, k_max=2, reps=1, probe_tokens=8, overlap_s=0.01,
+    p = calibrate.measure(eng, k_max=2, reps=1, probe_tokens=8, pairs=2,
                           progress=lambda what, frac: seen.append(frac))
     splits = {(c.target_threads, c.draft_threads) for c in p.costs}
     opts = calibrate.thread_options(p.device.cores)
     assert splits == {(t, d) for t in opts for d in opts}
     assert all(len(c.target_ms) == 3 and len(c.draft_ms) == 3 for c in p.costs)
     assert 0.0 <= p.acceptance.alpha <= 1.0 and seen[-1] == 1.0
+    assert all(c.target_overlap >= 1.0 for c in p.costs)  # never below 1: measured again, then read as 1
+    assert seen == sorted(seen)
     assert eng.threads == (1, 1)
     assert eng.complete(tokens=PROMPT, max_tokens=16, mode="sd").tokens == ref

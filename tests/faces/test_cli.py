@@ -277,7 +277,7 @@ def test_generate_prompt_longer_than_context_exits_5(fake_engine):
 def test_chat_command_reads_a_here_doc(fake_engine):
     code, out, _ = run(["chat", "--system", "Be brief."], input="Hello\n/mode ar\nAgain\n")
     assert code == 0
-    assert out.count(REPLY) == 2 and "mode ar · k 3" in out
+    assert out.count(REPLY) == 2 and "mode ar · k auto" in out
     assert fake_engine.requests[0][0] == {"role": "system", "content": "Be brief."}
     assert fake_engine.closed
 
@@ -348,7 +348,7 @@ def test_bench_flags_reach_its_arguments(bench_args):
     run(["bench"])
     d = bench_args[1]  # the defaults of the old parser
     assert (d.modes, d.settings, d.k, d.ctx_size, d.temp, d.seed, d.max_tokens, d.output) == \
-        (("ar", "sd", "lookup", "ssd", "auto"), ("separate", "shared"), 3, 2048, 0.0, 0, 128, "bench-out")
+        (("ar", "sd", "lookup", "ssd", "auto"), ("separate", "shared"), None, 2048, 0.0, 0, 128, "bench-out")
 
 
 @pytest.mark.parametrize("args,message", [
@@ -366,7 +366,7 @@ def test_n_means_tokens_per_generation_in_every_command(monkeypatch, bench_args,
         assert run(["bench", *args])[0] == 0
     assert [a.max_tokens for a in bench_args] == [8, 9, 10]
 
-    import ssd_edge.auto.calibrate as calibrate
+    import ssd_edge.bench.calibrate as calibrate
     probes: list[int] = []
     monkeypatch.setattr(calibrate, "main", lambda *a, probe_tokens, **kw: probes.append(probe_tokens) or 0)
     for args in (["-n", "12"], ["--probe-tokens", "13"], []):  # --probe-tokens: calibrate's old name
@@ -417,7 +417,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
 
 
 def test_calibrate_reports_plain_progress_lines_when_piped(monkeypatch, tmp_path):
-    import ssd_edge.auto.calibrate as calibrate
+    import ssd_edge.bench.calibrate as calibrate
 
     t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
     t.write_bytes(b"GGUF" + b"\0" * 12)

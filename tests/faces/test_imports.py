@@ -1,6 +1,7 @@
 """What a mode imports: `ssd-edge generate --mode ar` (and lookup, sd) loads nothing of
-pre-speculation or of auto's planning and measuring, so a plain run neither pays for them
-nor depends on them. Run in a fresh interpreter on the fake backend, through the real CLI."""
+pre-speculation, of the calibration profile or of calibrating, so a plain run neither pays for
+them nor depends on them (every mode's rounds go through the one planner). Run in a fresh
+interpreter on the fake backend, through the real CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECULATION = ("speculation.prespec", "speculation.policy", "auto.planner", "auto.profile", "auto.calibrate")
+SPECULATION = ("speculation.prespec", "speculation.policy", "planning.profile", "bench.calibrate")
 
 # The real Engine, built by the real CLI, over the fake backend (tests/fakes.py) instead of llama.cpp.
 RUN = """
@@ -50,6 +51,7 @@ def test_a_mode_without_speculation_imports_none_of_it(flags):
     assert not mods & set(SPECULATION), f"{flags[1]} imported {sorted(mods & set(SPECULATION))}"
 
 
-def test_auto_imports_its_planner_and_the_check_would_see_it():
-    mods = loaded("-m", "fake-target", "--mode", "auto")
-    assert {"auto.planner", "speculation.policy", "speculation.prespec"} <= mods
+def test_every_mode_plans_with_the_one_planner_and_the_check_would_see_prespec():
+    assert "planning.planner" in loaded("-m", "fake-target", "--mode", "ar")
+    mods = loaded("-m", "fake-target", "--mode", "ssd", "-md", "fake-draft")
+    assert {"planning.planner", "speculation.policy", "speculation.prespec"} <= mods

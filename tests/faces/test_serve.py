@@ -62,7 +62,7 @@ def reference(eng: Engine, *, prompt: str | None = None, messages=None, n: int =
 
 @pytest.fixture(autouse=True)
 def two_cores(monkeypatch):
-    monkeypatch.setattr("ssd_edge.engine.usable_cores", lambda: 2)
+    monkeypatch.setattr("ssd_edge.planning.rounds.usable_cores", lambda: 2)
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ async def test_mode_k_and_temperature_reach_the_engine():
         dialog.query_one("#k").value = "99"
         await press_button(pilot, "#ok")
         assert "spec.k" in str(dialog.query_one("#error").render())  # ConfigError shown, dialog stays
-        assert app.screen is dialog and make.engine.config.spec.k == 3
+        assert app.screen is dialog and make.engine.config.spec.k is None  # unchanged: auto plans it
         dialog.query_one("#k").value = "6"
         dialog.query_one("#temperature").value = "0.7"
         await press_button(pilot, "#ok")

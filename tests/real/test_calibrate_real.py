@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_edge.auto import calibrate, profile
+from ssd_edge.bench import calibrate
+from ssd_edge.planning import profile
 from ssd_edge.events import FinishEvent
 
 from conftest import make_engine

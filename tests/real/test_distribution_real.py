@@ -144,14 +144,14 @@ E2E_EQ_N = 100  # seeds per mode compared token for token with ar
 @pytest.mark.parametrize("temperature, mode, saguaro", E2E_ROWS)
 def test_every_mode_commits_ars_draws_end_to_end(small_engine, e2e_reference, ar_draws, temperature, mode, saguaro):
     """For seeds 0..99 each mode's 3 sampled tokens are ar's, with drafts really accepted and rejected.
-    ssd drafts k every round here (on this weak pair its planner would mostly take plain steps); auto
+    ssd drafts k every round (a fixed mode: prepared branches, else a draft now); auto
     runs with one thread per model, so its pre-speculation worker runs (asserted)."""
     ids = e2e_reference(temperature)[0]
     want = ar_draws(temperature)
     loaded = small_engine.config.prespec.saguaro_factor
     drafted = accepted = 0
     try:
-        small_engine.configure(saguaro_factor=saguaro, plan_rounds=False)
+        small_engine.configure(saguaro_factor=saguaro)
         for seed in range(E2E_EQ_N):
             c = small_engine.complete(tokens=ids, max_tokens=3, mode=mode, sampling=sampling(temperature, seed))
             assert c.tokens == want[seed], (seed, c.tokens, want[seed])
@@ -160,7 +160,7 @@ def test_every_mode_commits_ars_draws_end_to_end(small_engine, e2e_reference, ar
             drafted += c.stats.drafted
             accepted += c.stats.accepted
     finally:
-        small_engine.configure(saguaro_factor=loaded, plan_rounds=True)
+        small_engine.configure(saguaro_factor=loaded)
     print(f"t={temperature} {mode} saguaro={saguaro}: drafted {drafted}, accepted {accepted}")
     assert drafted > 0, f"{mode} never drafted"
     if mode != "auto":

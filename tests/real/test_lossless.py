@@ -95,7 +95,7 @@ SAMPLED_SEEDS = range(5)
 SAMPLED_NEW = 20
 # ssd drafts k every round (on this weak pair the round planner would mostly take plain steps); auto
 # plans as it would for a user, and at one thread per model it runs the pre-speculation worker.
-SAMPLED_MODES = {"sd": {}, "lookup": {}, "ssd": {"plan_rounds": False}, "auto": {}}
+SAMPLED_MODES = {"sd": {}, "lookup": {}, "ssd": {}, "auto": {}}
 
 
 def sampled(temperature: float, seed: int) -> SamplingConfig:
@@ -166,7 +166,7 @@ def test_sampled_runs_repeat_under_load(small_engine, sampled_ar):
     p, s = SAMPLED_PROMPTS[0], sampled(0.9, 7)
     ids = engine.prompt_tokens(**p.kwargs())
     ref = generate(engine, ids, "ar", 32, s).out
-    modes = [("ssd", {"plan_rounds": False}), ("auto", {})]
+    modes = [("ssd", {}), ("auto", {})]
 
     def runs() -> list[tuple[list[int], PrespecStats]]:
         out = []

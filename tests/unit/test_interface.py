@@ -45,7 +45,7 @@ def test_the_llama_backend_implements_the_protocol(proto, impl):
 def test_the_engine_and_the_faces_import_without_llama_cpp():
     """llama_cpp is blocked outright; everything but loading a model must still import."""
     code = ("import sys; sys.modules['llama_cpp'] = None\n"
-            "import ssd_edge.engine, ssd_edge.auto.calibrate, ssd_edge.bench.run, ssd_edge.cli.commands\n"
+            "import ssd_edge.engine, ssd_edge.bench.calibrate, ssd_edge.bench.run, ssd_edge.cli.commands\n"
             "import ssd_edge.server.runner, ssd_edge.llama.backend, tui.app\n"
             "from ssd_edge.llama.backend import llama_cpp_version; print(llama_cpp_version())\n"
             "try:\n    ssd_edge.llama.backend.system_info()\nexcept ImportError as e:\n    print(e)\n")

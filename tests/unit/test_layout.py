@@ -14,21 +14,22 @@ PKG = Path(__file__).resolve().parents[2] / "ssd_edge"
 # Top-level modules: typed data and pure maths that import nothing but each other (LEAF), and the
 # engine itself, which every part is arranged around.
 TOP_LEVEL = {"config", "events", "errors", "metrics", "interface", "paths", "progress",
-             "sampling", "coupling", "verify", "engine"}
+             "sampling", "coupling", "verify", "text", "engine"}
 
 # The layer of each part, bottom (0) to top; the most specific prefix wins. A module may import
 # its own layer or any below it, never one above.
-LEAF, ADAPTER, SPECULATION, ENGINE, MEASURE, FACES = range(6)
+LEAF, ADAPTER, SPECULATION, PLANNING, ENGINE, MEASURE, FACES = range(7)
 LAYER = {
     "ssd_edge": FACES,                      # the package itself: the Python API (Engine, configs, events)
     "ssd_edge.cli": FACES, "ssd_edge.server": FACES,
-    "ssd_edge.bench": MEASURE, "ssd_edge.auto.calibrate": MEASURE,
+    "ssd_edge.bench": MEASURE,              # bench and calibrate: they drive the engine from above
     "ssd_edge.engine": ENGINE,
-    "ssd_edge.speculation": SPECULATION, "ssd_edge.auto": SPECULATION,  # planner, profile: the engine asks them
+    "ssd_edge.planning": PLANNING,          # costs, planner, rounds, profile: what each round does
+    "ssd_edge.speculation": SPECULATION,
     "ssd_edge.llama": ADAPTER, "ssd_edge.models": ADAPTER,
     **{f"ssd_edge.{m}": LEAF for m in TOP_LEVEL - {"engine"}},
 }
-NAMES = ["leaf", "adapter", "speculation", "engine", "measure", "faces"]
+NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "faces"]
 
 
 def module_name(path: Path) -> str:
@@ -131,12 +132,12 @@ def test_no_import_cycle():
 def test_the_checks_see_a_wrong_tree():
     """The checks above pass on the tree; on a fabricated wrong one they do not."""
     assert ("ssd_edge.llama.kvseq", "KVSeq") in {(t, n) for t, n, _ in imports("ssd_edge.speculation.drafters")}
-    assert ("ssd_edge.auto.profile", None) in {(t, n) for t, n, _ in imports("ssd_edge.engine")}  # a lazy one
+    assert ("ssd_edge.planning.profile", None) in {(t, n) for t, n, _ in imports("ssd_edge.engine")}  # a lazy one
     assert up_arrows({"ssd_edge.engine": [("ssd_edge.cli.settings", "Settings", 1)],
                       "ssd_edge.llama.kvseq": [("ssd_edge.speculation.drafters", "Draft", 2)],
-                      "ssd_edge.auto.profile": [("ssd_edge.auto.calibrate", None, 3)]}) == [
+                      "ssd_edge.planning.profile": [("ssd_edge.bench.calibrate", None, 3)]}) == [
         "ssd_edge.engine:1 (engine) imports ssd_edge.cli.settings (faces)",
         "ssd_edge.llama.kvseq:2 (adapter) imports ssd_edge.speculation.drafters (speculation)",
-        "ssd_edge.auto.profile:3 (speculation) imports ssd_edge.auto.calibrate (measure)"]
+        "ssd_edge.planning.profile:3 (planning) imports ssd_edge.bench.calibrate (measure)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -1,32 +1,46 @@
-"""The round planner (planner.py) with plain numbers: each proposer wins where it should, costs
-are learnt from what is timed, and a draft that fell behind is priced as an investment."""
+"""The round planner (planning/planner.py) and its cost model (planning/costs.py) with plain
+numbers: each proposer wins where it should, in both regimes (a compute-bound CPU, where a verify
+of n tokens costs about n steps, and a memory-bound device, where it costs little more than one),
+drafts grow as long as the curve pays, costs are learnt from what is timed, the fixed modes are
+the planner held to one proposer, and the pre-speculation worker runs only while it earns its keep."""
 
 from __future__ import annotations
 
 import pytest
 
-from ssd_edge.auto.planner import Costs, Offer, Planner, Rate
+from ssd_edge.planning.costs import CONTENTION_FLOOR, Costs, Curve, Rate, describe_regime
+from ssd_edge.planning.planner import IDLE_EVERY, MENUS, Offer, Planner, match_class
 from ssd_edge.speculation.drafters import NgramDrafter
 
-# A CPU-like target (FIELD_NOTES, 1.5B at 2 threads): 4 tokens cost ~1.6 steps.
+# A CPU-like target (FIELD_NOTES, 1.5B at 2 threads, Intel): 4 tokens cost ~1.6 steps.
 CPU_CURVE = [105.0, 150.0, 160.0, 170.0, 220.0]
+# This AMD machine's Q4_K_M target (FIELD_NOTES, "Two regimes"): n tokens cost about n steps.
+STEEP = [36.0 * x for x in (1, 1.7, 2.2, 2.73, 3.4, 4.1, 4.8, 5.4, 5.94, 6.6, 7.3, 8, 8.7, 9.4, 10, 10.7, 11.4)]
+# The same target in BF16 (memory-bound): 8 tokens cost 1.8 steps.
+FLAT = [100.0 * x for x in (1, 1.37, 1.5, 1.69, 1.72, 1.75, 1.78, 1.8, 1.85, 1.9, 1.95, 2, 2.05, 2.1, 2.15, 2.2, 2.25)]
 
 
-def planner(k: int = 3, draft_ms: float = 44.0, **kw) -> Planner:
-    return Planner(k, verify_curve=CPU_CURVE, draft_ms=draft_ms, **kw)
+def planner(cap: int = 3, draft_ms: float = 44.0, curve=CPU_CURVE, contention: float | None = None,
+            menu: str = "auto", ngram_cap: int | None = None, **kw) -> Planner:
+    """A planner past the prompt's round (whose time says nothing of a step)."""
+    p = Planner(MENUS[menu], Costs(curve, draft_step_ms=draft_ms, contention=contention), draft_cap=cap,
+                ngram_cap=ngram_cap or cap, **kw)
+    p.prefilled = True
+    return p
 
 
 def teach_draft(p: Planner, alpha_hits: float, rounds: int = 40, confidence: float = 0.9) -> None:
     """Verified draft rounds in which each position is accepted with frequency alpha_hits, the
     target's top-1 probability being `confidence` at each committed position."""
+    k = p.caps["draft"]
     for r in range(rounds):
         accepted = 0
-        for i in range(p.k):  # a deterministic pattern with the wanted per-position rate
+        for i in range(k):  # a deterministic pattern with the wanted per-position rate
             if ((r * 7 + i * 3) % 100) / 100 < alpha_hits:
                 accepted += 1
             else:
                 break
-        p.observe("draft", p.k, accepted, CPU_CURVE[p.k], [confidence] * (accepted + 1))
+        p.observe("draft", k, accepted, p.costs.target.ms(k + 1), [confidence] * (accepted + 1))
 
 
 def test_rate_forgets_old_trials():
@@ -40,12 +54,21 @@ def test_rate_forgets_old_trials():
     assert r.value == pytest.approx(1 / 12, abs=1e-3)
 
 
-def test_costs_use_the_curve_scaled_to_what_is_timed():
-    c = Costs(CPU_CURVE, 100.0, 0.25)
+def test_curves_use_the_profile_scaled_to_what_is_timed():
+    c = Curve(CPU_CURVE, 100.0, 0.25)
     assert c.ms(4) == 170.0
     c.add(1, 210.0)  # this machine is twice as slow as the profile today
     assert c.ms(4) == pytest.approx(340.0)
     assert c.ms(7) == pytest.approx(2 * (220 + 50 * 2))  # beyond the curve: its last slope
+
+
+def test_curves_without_a_profile_interpolate_the_timed_sizes():
+    c = Curve(None, 100.0, 0.25)
+    assert c.ms(3) == pytest.approx(150.0)  # the prior line
+    c.add(1, 80.0)
+    c.add(4, 140.0)
+    assert c.ms(2) == pytest.approx(100.0)
+    assert c.ms(6) == pytest.approx(140.0 + 80.0 * 0.25 * 2)
 
 
 def test_one_slow_plain_step_does_not_write_plain_steps_off():
@@ -58,20 +81,11 @@ def test_one_slow_plain_step_does_not_write_plain_steps_off():
         p.observe("plain", 0, 0, 105.0)
     assert p.plan(Offer(3, draft=True)).kind == "plain"
     p.observe("plain", 0, 0, 400.0)  # clipped to 2x the estimate
-    assert p.step_ms() == pytest.approx(105.0 * 1.3)
+    assert p.costs.step_ms() == pytest.approx(105.0 * 1.3)
     assert p.plan(Offer(3, draft=True)).kind == "plain"
     for m in (2, 3, 2, 3, 2, 3):  # other sizes timed as the curve says re-price the plain step too
         p.observe("draft", m, 0, CPU_CURVE[m], [0.5])
-    assert p.step_ms() == pytest.approx(105.0, rel=0.05)
-
-
-def test_costs_without_a_curve_interpolate_the_timed_sizes():
-    c = Costs(None, 100.0, 0.25)
-    assert c.ms(3) == pytest.approx(150.0)  # the prior line
-    c.add(1, 80.0)
-    c.add(4, 140.0)
-    assert c.ms(2) == pytest.approx(100.0)
-    assert c.ms(6) == pytest.approx(140.0 + 80.0 * 0.25 * 2)
+    assert p.costs.step_ms() == pytest.approx(105.0, rel=0.05)
 
 
 def test_a_predictable_draft_wins_with_the_cheap_batch():
@@ -88,6 +102,55 @@ def test_plain_steps_where_the_draft_is_weak():
     teach_draft(p, 0.3)
     assert p.plan(Offer(3, draft=True)).kind == "plain"
 
+
+# ---------------------------------------------------------------- the two regimes
+
+def test_a_steep_curve_gets_plain_steps_even_from_a_good_draft():
+    """Compute-bound (a verify of 4 costs 2.7 steps): a draft accepted 85% of the time still loses."""
+    p = planner(cap=8, draft_ms=12.0, curve=STEEP)
+    teach_draft(p, 0.85)
+    assert p.plan(Offer(16, draft=True)).kind == "plain"
+
+
+def test_a_flat_curve_gets_the_draft_model_and_longer_drafts():
+    """Memory-bound (8 tokens for 1.8 steps): the same draft pays, and longer than the fixed k of 3."""
+    p = planner(cap=8, draft_ms=30.0, curve=FLAT)
+    teach_draft(p, 0.85)
+    d = p.plan(Offer(16, draft=True))
+    assert d.kind == "draft" and d.m > 3
+    assert d.rate > 1.5 / 100.0  # at least 1.5x a plain step, by the planner's own estimate
+
+
+def test_a_long_exact_copy_gets_long_ngram_drafts_where_verifying_is_cheap():
+    def copy_planner(curve):
+        p = planner(cap=8, ngram_cap=16, curve=curve)
+        for rates in p.ngram_alpha:
+            for r in rates:
+                for _ in range(20):
+                    r.add(1.0 if r is not rates[0] or _ % 10 else 0.0)  # a copy that goes on 95%
+        p.ngram_match = 40
+        return p
+
+    flat = copy_planner(FLAT).plan(Offer(32, ngram=16))
+    assert (flat.kind, flat.m) == ("ngram", 16)
+    steep = copy_planner(STEEP).plan(Offer(32, ngram=16))
+    assert steep.kind == "ngram" and steep.m < 16  # it still pays here, but shorter
+
+
+def test_draft_max_stays_a_hard_cap():
+    p = planner(cap=3, ngram_cap=3, curve=FLAT)
+    teach_draft(p, 0.99)
+    assert p.plan(Offer(16, draft=True)).m <= 3
+    assert p.plan(Offer(2, draft=True)).m <= 2  # and so does the room left (context, max_tokens)
+
+
+def test_describe_regime_says_what_the_curve_means():
+    assert "compute-bound" in describe_regime(STEEP) and "2.7 steps" in describe_regime(STEEP)
+    assert "memory-bound" in describe_regime(FLAT) and "pays" in describe_regime(FLAT)
+    assert "not measured" in describe_regime([])
+
+
+# ---------------------------------------------------------------- the n-gram lookup
 
 def test_ngram_wins_on_a_quoting_answer():
     ngram = NgramDrafter(2, 4)
@@ -108,14 +171,13 @@ def test_ngram_wins_on_a_quoting_answer():
 def test_ngram_acceptance_is_learnt_per_position():
     """A lookup whose first token is a coin flip but whose copy, once started, goes on (an edit that
     quotes its source): later positions are trusted more than the first."""
-    ngram = NgramDrafter(2, 2)
-    p = planner(ngram=ngram)
+    p = planner(ngram=NgramDrafter(2, 2))
     copy, other = [3, 4, 5], [9, 8, 6]
     history = [1, 2] + copy
     last = copy
     for r in range(32):
         history += [100 + r, 1, 2]  # a new token before each [1, 2]: every match is 2 tokens long
-        assert p.ask_ngram(history) == tuple(last)  # what followed [1, 2] the last time
+        assert p.ask_ngram(history).tokens == tuple(last)  # what followed [1, 2] the last time
         assert p.ngram_match == 2
         # the answer repeats its last continuation every other round: the proposal then matches
         # whole, else it fails at its first token
@@ -125,15 +187,12 @@ def test_ngram_acceptance_is_learnt_per_position():
     first, second, third = (p.alpha("ngram", i) for i in range(3))
     assert first == pytest.approx(0.5, abs=0.1)
     assert second > 0.9 and third > 0.9
-    assert p.gain("ngram", 3) == pytest.approx(1 + first + first * second + first * second * third)
+    assert p.gains("ngram", 3)[3] == pytest.approx(1 + first + first * second + first * second * third)
 
 
 def test_ngram_acceptance_is_learnt_per_match_length():
     """Short matches that are coincidences and long ones that are copies: the planner learns the two
-    classes apart, so it verifies a long copy's proposal and takes a plain step for a coincidence
-    (one acceptance for all would do the wrong thing for one of them)."""
-    from ssd_edge.auto.planner import match_class
-
+    classes apart, so it verifies a long copy's proposal and takes a plain step for a coincidence."""
     p = planner(ngram=NgramDrafter(2, 4))
     short, long = match_class(2), match_class(40)
     assert short != long
@@ -151,20 +210,20 @@ def test_ngram_acceptance_is_learnt_per_match_length():
 
 def test_the_shadow_scores_each_match_class_apart():
     """Through ask/observe_history: a quoted passage (long matches) scores its own class."""
-    from ssd_edge.auto.planner import match_class
-
     p = planner(ngram=NgramDrafter(2, 4))
     quoted = list(range(10, 40))
     history = [1, 2] + quoted + [3] + quoted[:10]
     for n in range(10, 25):  # the answer goes on quoting
         prop = p.ask_ngram(history)
-        assert prop and p.ngram_match >= 10
+        assert prop.tokens and p.ngram_match >= 10
         history.append(quoted[n])
         p.observe_history(history)
     long = p.ngram_alpha[match_class(p.ngram_match)]
     assert long[0].n > 5 and long[0].value > 0.9
     assert all(r.n == 0 for r in p.ngram_alpha[match_class(2)])  # nothing was learnt for short matches
 
+
+# ---------------------------------------------------------------- prepared branches and the draft's catch-up
 
 def test_a_prepared_branch_beats_drafting_now():
     p = planner()
@@ -187,7 +246,7 @@ def test_a_prepared_branch_beats_drafting_now():
 def test_the_drafts_catch_up_is_an_investment_spread_over_what_is_left():
     p = planner()
     teach_draft(p, 0.95)
-    p.draft_cost.add(200, 1500.0)  # reading 200 tokens it missed takes 1.5 s
+    p.costs.draft.add(200, 1500.0)  # reading 200 tokens it missed takes 1.5 s
     assert p.plan(Offer(3, remaining=200, draft=True, draft_unread=199)).kind == "draft"
     assert p.plan(Offer(3, remaining=3, draft=True, draft_unread=199)).kind == "plain"
 
@@ -202,8 +261,15 @@ def test_a_stale_draft_estimate_fades_into_the_targets_confidence():
     assert p.plan(Offer(3, draft=True)).kind == "draft"
 
 
+def test_the_prompts_round_is_a_plain_step_and_its_time_is_not_a_step():
+    p = Planner(MENUS["auto"], Costs(CPU_CURVE, draft_step_ms=44.0), draft_cap=3, ngram_cap=3)
+    assert p.plan(Offer(3, draft=True, ngram=3)).kind == "plain"
+    p.observe("plain", 0, 0, 5000.0, [0.9])  # the prompt's prefill
+    assert p.prefilled and p.costs.step_ms() == pytest.approx(105.0)
+
+
 def test_no_draft_model_means_plain_or_ngram_only():
-    p = Planner(3, verify_curve=CPU_CURVE)
+    p = planner()
     assert p.plan(Offer(3)).kind == "plain"
     assert p.plan(Offer(3, ngram=0, draft=False, prepared=None)).m == 0
 
@@ -212,7 +278,8 @@ def test_report_names_every_estimate():
     p = planner()
     p.plan(Offer(3, draft=True))
     rep = p.report()
-    assert set(rep) >= {"decisions", "draft_alpha", "ngram_alpha", "step_ms", "verify_ms", "draft_step_ms", "rounds"}
+    assert set(rep) >= {"decisions", "draft_alpha", "step_ms", "verify_ms", "draft_step_ms", "rounds", "regime",
+                        "contention", "prepared_hit_rate"}
     assert sum(rep["decisions"].values()) == 1
     (kind, m, rate, ru_kind, ru_m, ru_rate), = rep["rounds"]  # why: the choice and the runner-up, in tok/s
     assert kind in ("plain", "draft") and ru_kind != kind and rate >= ru_rate > 0
@@ -220,33 +287,99 @@ def test_report_names_every_estimate():
 
 def test_draft_min_is_never_planned_below():
     p = planner(k_min=2)
-    for _ in range(10):  # a perfect n-gram record, whatever the match length
-        for rates in p.ngram_alpha:
-            for r in rates:
+    for rates in p.ngram_alpha:  # a perfect n-gram record, whatever the match length
+        for r in rates:
+            for _ in range(10):
                 r.add(1.0)
     assert p.plan(Offer(3, ngram=1)).kind == "plain"  # one n-gram token is below --draft-min 2
     d = p.plan(Offer(3, ngram=3))
     assert d.kind == "ngram" and d.m >= 2
 
 
+def test_p_accept_is_a_distribution_over_the_outcomes():
+    p = planner()
+    teach_draft(p, 0.8)
+    pa = p.p_accept(3)
+    assert len(pa) == 4 and pa.sum() == pytest.approx(1.0) and (pa >= 0).all()
+    a0, a1 = p.alpha("draft", 0), p.alpha("draft", 1)
+    assert pa[0] == pytest.approx(1 - a0) and pa[1] == pytest.approx(a0 * (1 - a1))
+
+
+# ---------------------------------------------------------------- the fixed modes: one proposer each
+
+@pytest.mark.parametrize("mode, offer, expected", [
+    ("ar", Offer(3, ngram=3, draft=True), ("plain", 0)),
+    ("sd", Offer(3, ngram=3, draft=True), ("draft", 3)),
+    ("sd", Offer(2, draft=True), ("draft", 2)),                       # the room left caps it
+    ("lookup", Offer(3, ngram=2, draft=True), ("ngram", 2)),
+    ("lookup", Offer(3, ngram=0, draft=True), ("plain", 0)),          # nothing to copy: a plain step
+    ("ssd", Offer(3, draft=True, prepared=2), ("prepared", 3)),       # a partial hit is extended to k
+    ("ssd", Offer(3, ngram=3, draft=True), ("ngram", 3)),             # the backup (offered after misses)
+    ("ssd", Offer(3, draft=True), ("draft", 3)),                      # a miss drafts now
+])
+def test_a_fixed_mode_is_the_planner_held_to_one_proposer(mode, offer, expected):
+    p = planner(menu=mode)
+    teach_draft(p, 0.1)  # whatever the estimates say
+    d = p.plan(offer)
+    assert (d.kind, d.m) == expected
+
+
+# ---------------------------------------------------------------- the worker earns its keep
+
 def test_the_worker_prepares_only_where_a_prepared_branch_pays_for_its_contention():
-    gpu = planner(contention=1.0)  # a GPU target: the draft beside it costs the verify nothing
+    gpu = planner(contention=1.0)  # a GPU target: the draft beside it costs the verify next to nothing
     teach_draft(gpu, 0.95)
-    assert gpu.prespec_pays(3, verifying=4)
-    assert not gpu.prespec_pays(0)
+    assert gpu.prespec_pays(verifying=4)
     weak = planner(contention=1.0)
     teach_draft(weak, 0.2, confidence=0.25)
-    assert not weak.prespec_pays(3)   # prose: a ready branch would save nothing over plain steps
+    assert not weak.prespec_pays()   # prose: a ready branch would save nothing over plain steps
     shared = planner(contention=1.8)  # cores the two models share: the verify slows by 80%
     teach_draft(shared, 0.95)
-    assert not shared.prespec_pays(3, verifying=4)
-    # separate cores, a small slowdown: it pays while the prepared branches are found, not after
+    assert not shared.prespec_pays(verifying=4)
+    # separate cores, a small slowdown: it pays while the prepared branches are used, not after
     separate = planner(contention=1.1)
     teach_draft(separate, 0.95)
-    assert separate.prespec_pays(3, verifying=4)
+    assert separate.prespec_pays(verifying=4)
     for _ in range(30):
         separate.observe_lookup(False)
-    assert not separate.prespec_pays(3, verifying=4)
+    assert not separate.prespec_pays(verifying=4)
+
+
+def test_a_contention_below_one_is_a_measuring_error_not_a_free_worker():
+    """The profile that measured the target *faster* beside a busy draft (0.73) let the worker run
+    every round while the planner took plain steps (auto 0.71x ar). The floor makes it cost."""
+    costs = Costs(STEEP, draft_step_ms=12.0, contention=0.73)
+    assert costs.contention >= CONTENTION_FLOOR
+    p = Planner(MENUS["auto"], costs, draft_cap=8, ngram_cap=16)
+    p.prefilled = True
+    for _ in range(20):  # plain rounds: whatever the worker prepares goes unused
+        p.observe("plain", 0, 0, 36.0, [0.6], busy=True)
+        p.observe_lookup(False)
+    assert not p.worker_runs(1)
+
+
+def test_the_worker_rests_when_it_slows_the_target():
+    """Busy verifies timed against idle ones of the same size: a worker that costs the verify more
+    than a ready branch saves stops, whatever the profile said."""
+    p = planner(contention=1.0, curve=FLAT, cap=8, draft_ms=30.0)
+    teach_draft(p, 0.9)
+    assert p.worker_runs(4)
+    for _ in range(12):
+        p.observe("plain", 0, 0, 100.0)
+        p.observe("plain", 0, 0, 250.0, busy=True)
+    assert p.costs.contention == pytest.approx(2.2, abs=0.1)  # the prior (2 trials at 1.02) still in it
+    assert not p.worker_runs(4)
+
+
+def test_a_busy_worker_rests_now_and_then_to_time_an_idle_verify():
+    p = planner(contention=1.0, curve=FLAT, cap=8, draft_ms=30.0)
+    teach_draft(p, 0.95)
+    runs = []
+    for _ in range(3 * IDLE_EVERY):
+        runs.append(p.worker_runs(4))
+        p.observe("prepared", 3, 3, 169.0, busy=runs[-1])
+    assert 2 <= runs.count(False) <= 4  # one idle round in IDLE_EVERY busy ones
+    assert 4 in p.costs.idle_ms
 
 
 def test_a_resting_worker_is_tried_again_as_its_hit_rate_fades_to_the_prior():
@@ -254,21 +387,32 @@ def test_a_resting_worker_is_tried_again_as_its_hit_rate_fades_to_the_prior():
     teach_draft(p, 0.95)
     for _ in range(30):  # a stretch where nothing the worker prepared was verified
         p.observe_lookup(False)
-    assert not p.prespec_pays(3, verifying=4)
+    assert not p.prespec_pays(verifying=4)
     for _ in range(40):  # it rests; plain steps meanwhile
         p.observe("plain", 0, 0, CPU_CURVE[0])
     assert p.hit_rate() == pytest.approx(0.5, abs=0.02)
-    assert p.prespec_pays(3, verifying=4)
+    assert p.prespec_pays(verifying=4)
 
 
 def test_contention_is_learnt_from_verifies_timed_with_the_worker_busy_and_idle():
     p = planner()  # no profile measurement: the prior
-    assert p.contention.value == pytest.approx(1.2)
+    assert p.costs.contention == pytest.approx(1.2)
     for _ in range(20):
         p.observe("plain", 0, 0, 100.0)
         p.observe("plain", 0, 0, 150.0, busy=True)
-    assert p.contention.value == pytest.approx(1.5, abs=0.07)  # the prior (2 trials) is still in it
+    assert p.costs.contention == pytest.approx(1.5, abs=0.07)  # the prior (2 trials) is still in it
     # a busy verify counts as an idle one divided by the slowdown known then (which lags a little)
-    assert p.step_ms() == pytest.approx(100.0, abs=4.0)
+    assert p.costs.step_ms() == pytest.approx(100.0, abs=4.0)
 
 
+def test_the_worker_drafts_branches_as_deep_as_the_curve_pays():
+    flat = planner(cap=8, curve=FLAT)
+    teach_draft(flat, 0.9)
+    steep = planner(cap=8, curve=STEEP)
+    teach_draft(steep, 0.9)
+    assert flat.branch_depth() > steep.branch_depth() >= 1
+
+
+def test_fixed_modes_never_run_the_worker_unless_ssd():
+    assert not planner(menu="sd").worker_runs(4)
+    assert planner(menu="ssd", curve=STEEP, contention=3.0).worker_runs(4)

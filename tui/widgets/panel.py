@@ -123,7 +123,7 @@ class LivePanel(VerticalScroll):
             text.append(f"● {state}", STATE_COLOURS.get(state, "grey70"))
         else:
             text.append("○ idle" + (f" (last: {state})" if state else ""), "grey70")
-        text.append(f"\nk {config.spec.k} · temperature {config.sampling.temperature:g}", "dim")
+        text.append(f"\nk {config.spec.k_label} · temperature {config.sampling.temperature:g}", "dim")
         self.query_one("#mode", Static).update(text)
 
     def show_live(self, live: LiveModel) -> None:

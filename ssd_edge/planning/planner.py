@@ -1,0 +1,404 @@
+"""The round planner, for every mode: each round, which proposal the target verifies.
+
+On offer each round (whichever exist):
+
+    plain        nothing drafted: one target step
+    ngram  m     the first m tokens the n-gram lookup proposes (free to make)
+    draft  m     the draft model drafts m tokens now, first reading what it has not read yet
+    prepared m   a branch pre-speculated while the target verified the last round (an SSD hit or
+                 partial hit), extended by the draft if it holds fewer than m tokens
+
+A mode is a menu (MENUS). `auto` plans over all four; a fixed mode is the planner held to one
+proposer at its full length: `ar` plain steps, `lookup` n-gram copies, `sd` drafts, `ssd` prepared
+branches with the worker always on (a miss drafts now, or after a streak of misses takes the n-gram
+backup, as the SSD policy says). The planned menu scores each option by expected tokens per
+millisecond and takes the best:
+
+    rate(m) = (1 + sum_{i=1..m} prod_{j<i} alpha_j) / (verify(m + 1) + drafting ms)
+
+alpha_j is that proposer's live acceptance at draft position j; verify(n) is the target's decode of
+n tokens (costs.py: the calibration profile's curve, following what this generation times). m runs
+up to the cap: --draft-max when given, else DRAFT_CAP for the draft model and NGRAM_CAP for an
+n-gram copy, so drafts grow as long as the verify curve pays for them (long on a GPU, short or none
+on a compute-bound CPU). A draft that has fallen behind (plain or n-gram rounds, the prompt) must
+first read what it missed; that reading is an investment in every later draft round, so its cost
+is spread over the tokens still to come (at most HORIZON).
+
+Evidence arrives even for proposers that did not run: the n-gram lookup is asked every round and
+scored against what the target committed; the draft's acceptance is estimated from the target's
+own confidence while only plain steps run (calibrated by the rounds where the draft did run).
+
+The pre-speculation worker (speculation/prespec.py) drafts the next round beside the verify: in
+`ssd` always (unless the SSD policy rolled it back or cut it), in `auto` only while it earns its
+keep (worker_runs): the rounds it prepares must be used, and the time a used branch saves must
+beat what the worker costs the verify (costs.Costs.contention, measured against idle rounds).
+
+Lossless without help from here: tokens are drawn with coupled noise (coupling.py), so what the
+target commits never depends on what was proposed; the planner only decides how fast.
+
+Pure state and arithmetic on the engine thread: no models, no threads; tested with plain numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Sequence
+
+import numpy as np
+
+from ..speculation.drafters import Draft, NgramDrafter
+from .costs import Costs, Rate, describe_regime
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["plain", "ngram", "draft", "prepared"]
+SERVED = {"plain": "ar", "ngram": "lookup", "draft": "sd", "prepared": "ssd"}  # the mode each kind is
+
+DRAFT_CAP = 8    # most draft-model tokens a round verifies when --draft-max is not given
+NGRAM_CAP = 16   # most n-gram tokens likewise (an exact copy costs nothing to draft)
+FIXED_K = 3      # the fixed modes' draft length without --draft-max (llama.cpp's default)
+PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
+HORIZON = 128        # most tokens over which the draft's catch-up is spread
+HIT_PRIOR = 0.5      # how often a prepared round is used, until measured
+IDLE_EVERY = 16      # a worker busy this many rounds rests one, to time an idle verify (contention)
+IDLE_FIRST = 4       # ... this many, when no idle verify of that size was ever timed
+# n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
+# 32 and more, and each class's acceptance prior, until measured
+MATCH_CLASSES = (4, 8, 16, 32)
+MATCH_PRIORS = (0.35, 0.5, 0.65, 0.8, 0.9)
+
+
+def match_class(match: int) -> int:
+    """The class of an n-gram match of `match` tokens (an index into MATCH_PRIORS)."""
+    return sum(match >= edge for edge in MATCH_CLASSES)
+
+
+@dataclass(frozen=True)
+class Menu:
+    """What a mode may propose. planned: choose kind and length by expected rate each round (else
+    the mode's one speculative kind at its full length whenever it has tokens). worker: whether
+    the pre-speculation worker drafts beside the verify: never, always, or while it pays."""
+
+    kinds: frozenset[str]
+    planned: bool
+    worker: Literal["off", "always", "earned"]
+
+
+MENUS = {
+    "ar": Menu(frozenset({"plain"}), False, "off"),
+    "lookup": Menu(frozenset({"plain", "ngram"}), False, "off"),
+    "sd": Menu(frozenset({"plain", "draft"}), False, "off"),
+    "ssd": Menu(frozenset({"plain", "draft", "prepared", "ngram"}), False, "always"),
+    "auto": Menu(frozenset({"plain", "draft", "prepared", "ngram"}), True, "earned"),
+}
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What can be verified this round. room: most tokens the round may draft (context, max_tokens);
+    prepared: tokens a pre-speculated branch holds (None: no branch); a branch the draft stopped
+    early (--draft-p-min) counts as complete (prepared_done)."""
+
+    room: int
+    remaining: int = 64            # tokens the generation may still make (the horizon of an investment)
+    ngram: int = 0
+    draft: bool = False
+    draft_unread: int = 0          # history tokens the draft must read before it can draft
+    prepared: int | None = None
+    prepared_done: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: Kind
+    m: int
+    rate: float                    # expected tokens per ms (0: not planned)
+    runner_up: tuple[Kind, int, float] | None = None
+
+    def describe(self) -> str:
+        ru = f"; runner-up {self.runner_up[0]} {self.runner_up[1]} at {self.runner_up[2] * 1e3:.1f} tok/s" \
+            if self.runner_up else ""
+        return f"{self.kind} {self.m} at {self.rate * 1e3:.1f} tok/s expected{ru}"
+
+
+class Planner:
+    """Live estimates and the per-round decision (see the module docstring)."""
+
+    def __init__(self, menu: Menu, costs: Costs | None = None, *, draft_cap: int = DRAFT_CAP,
+                 ngram_cap: int = NGRAM_CAP, k_min: int = 0, ngram: NgramDrafter | None = None,
+                 draft_prior: float = 0.7) -> None:
+        self.menu = menu
+        self.costs = costs or Costs()
+        self.caps = {"draft": draft_cap, "prepared": draft_cap, "ngram": ngram_cap}
+        self.k_min = k_min  # --draft-min: no round verifies fewer drafted tokens (but none)
+        # P(accept position i | reached it); each prior counts as one trial, so the first real
+        # trials outweigh it at once. The n-gram's per class of match length (how far back the copied
+        # passage agrees with the history's end): a long exact copy goes on likelier than a short one.
+        self.draft_alpha = [Rate(draft_prior, weight=1.0) for _ in range(draft_cap)]
+        self.ngram_alpha = [[Rate(prior, weight=1.0) for _ in range(ngram_cap)] for prior in MATCH_PRIORS]
+        self.ngram_match = 0  # the match length of this round's n-gram proposal
+        self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
+        self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
+        self.rounds_since_draft = 0
+        self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)         # prepared rounds used / looked up
+        self.rounds_resting = 0                                    # rounds since the worker last prepared
+        self.busy_streak = 0                                       # rounds the worker has drafted in a row
+        self.prefilled = False                                     # the prompt's round has run
+        self.shadow = NgramShadow(ngram, ngram_cap) if ngram is not None and "ngram" in menu.kinds else None
+        self.decisions: dict[str, int] = {}
+        self.log: list[tuple] = []  # every planned decision: (kind, m, tok/s, runner-up kind, m, tok/s)
+
+    @property
+    def wants_confidence(self) -> bool:
+        """Whether observe() reads the target's top-1 probabilities (the draft's acceptance proxy)."""
+        return self.menu.planned and "draft" in self.menu.kinds
+
+    # ------------------------------------------------------------ estimates
+    def alpha(self, kind: Kind, i: int) -> float:
+        """P(position i accepted | the ones before were). A position never yet reached (drafts were
+        shorter) takes the estimate of the deepest one measured: acceptance along a draft is flat or
+        rising past its first token, and without this a draft could never grow past the lengths
+        it started at."""
+        rates = self.ngram_alpha[match_class(self.ngram_match)] if kind == "ngram" else self.draft_alpha
+        i = min(i, len(rates) - 1)
+        while i > 0 and rates[i].n == 0 and rates[i - 1].n > 0:
+            i -= 1
+        if kind == "ngram":
+            return rates[i].value
+        measured = rates[i]
+        proxy = min(1.0, self.calibration.value * self.confidence.value)
+        if measured.n == 0:  # the draft has not run yet: the target's confidence is all there is
+            return proxy
+        # Stale measurements fade into the confidence estimate: a draft written off on prose is tried
+        # again when the target grows confident (code), without paying for a blind exploration.
+        fresh = 0.5 ** (self.rounds_since_draft / 8.0)
+        return fresh * measured.value + (1.0 - fresh) * proxy
+
+    def gains(self, kind: Kind, m: int) -> list[float]:
+        """[g_0 .. g_m]: g_j = E[tokens committed] when j tokens of `kind` are verified."""
+        out, reach = [1.0], 1.0
+        for i in range(m):
+            reach *= self.alpha(kind, i)
+            out.append(out[-1] + reach)
+        return out
+
+    def p_accept(self, k: int) -> np.ndarray:
+        """P(a of k drafted tokens accepted), a = 0..k (what the worker ranks outcomes by):
+        prod_{i<a} alpha_i * (1 - alpha_a), and prod_{i<k} alpha_i for a = k."""
+        al = np.array([self.alpha("draft", i) for i in range(k)])
+        reach = np.concatenate([[1.0], np.cumprod(al)])
+        out = reach.copy()
+        out[:k] *= 1.0 - al
+        return out
+
+    def hit_rate(self) -> float:
+        """How often a prepared round is used. Measured only while the worker prepares, so while it
+        rests it fades back to the prior (as a stale draft alpha does): one bad stretch (prose)
+        cannot keep the worker idle once the text turns predictable."""
+        fresh = 0.5 ** (self.rounds_resting / 8.0)
+        return fresh * self.hits.value + (1.0 - fresh) * HIT_PRIOR
+
+    def _lengths(self, kind: Kind, room: int) -> range:
+        return range(max(1, self.k_min), min(self.caps[kind], room) + 1)
+
+    # ------------------------------------------------------------ decisions
+    def plan(self, offer: Offer) -> Decision:
+        d = self._plan(offer)
+        self.decisions[d.kind] = self.decisions.get(d.kind, 0) + 1
+        return d
+
+    def _plan(self, offer: Offer) -> Decision:
+        kinds = self.menu.kinds
+        if not self.menu.planned:  # a fixed mode: its one proposer, as long as it goes
+            if "prepared" in kinds and offer.prepared is not None:  # ssd: a hit, or a partial one extended
+                return Decision("prepared", min(self.caps["prepared"], offer.room), 0.0)
+            if "ngram" in kinds and offer.ngram >= max(1, self.k_min):  # lookup; ssd's backup after misses
+                return Decision("ngram", min(offer.ngram, self.caps["ngram"], offer.room), 0.0)
+            if "draft" in kinds and offer.draft and offer.room >= max(1, self.k_min):
+                return Decision("draft", min(self.caps["draft"], offer.room), 0.0)
+            return Decision("plain", 0, 0.0)
+        if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile
+            return Decision("plain", 0, 0.0)
+        verify, draft_step = self.costs.target.ms, self.costs.draft.ms(1)
+        scored: list[tuple[float, Kind, int]] = [(1.0 / self.costs.step_ms() * (1.0 + PLAIN_MARGIN), "plain", 0)]
+        if "ngram" in kinds and offer.ngram:
+            g = self.gains("ngram", offer.ngram)
+            scored += [(g[m] / verify(m + 1), "ngram", m) for m in self._lengths("ngram", min(offer.room, offer.ngram))]
+        if offer.prepared is not None and "prepared" in kinds:
+            ready = self.caps["prepared"] if offer.prepared_done else offer.prepared
+            g = self.gains("draft", self.caps["prepared"])
+            scored += [(g[m] / (verify(m + 1) + max(0, m - ready) * draft_step), "prepared", m)
+                       for m in self._lengths("prepared", offer.room)]
+        if offer.draft and "draft" in kinds:
+            g = self.gains("draft", self.caps["draft"])
+            catch_up = max(0.0, self.costs.draft.ms(offer.draft_unread + 1) - draft_step)
+            horizon = max(1, min(offer.remaining, HORIZON))
+            scored += [(g[m] / (verify(m + 1) + m * draft_step + catch_up * min(1.0, g[m] / horizon)), "draft", m)
+                       for m in self._lengths("draft", offer.room)]
+        scored.sort(key=lambda x: -x[0])
+        (rate, kind, m), rest = scored[0], scored[1:]
+        unmargin = lambda r, k: r / (1.0 + PLAIN_MARGIN) if k == "plain" else r  # noqa: E731
+        ru = next(((k2, m2, unmargin(r2, k2)) for r2, k2, m2 in rest if k2 != kind), None)
+        d = Decision(kind, m, unmargin(rate, kind), ru)
+        self.log.append((kind, m, round(d.rate * 1e3, 2), *((ru[0], ru[1], round(ru[2] * 1e3, 2)) if ru else ())))
+        log.debug("plan: %s", d.describe())
+        return d
+
+    def worker_runs(self, verifying: int) -> bool:
+        """Should the worker prepare the next round while the target verifies `verifying` tokens?"""
+        runs = self._worker_runs(verifying)
+        self.busy_streak = self.busy_streak + 1 if runs else 0
+        return runs
+
+    def _worker_runs(self, verifying: int) -> bool:
+        if self.menu.worker == "always":
+            return True
+        if self.menu.worker == "off":
+            return False
+        if not self.prefilled:  # the prompt is read in the first round either way: the draft must catch up
+            return True
+        # rest one round now and then: an idle verify of this size prices the worker's cost (soon
+        # after it starts when none was ever timed, then every IDLE_EVERY busy rounds)
+        every = IDLE_EVERY if verifying in self.costs.idle_ms else IDLE_FIRST
+        if self.busy_streak >= every and self.costs.idle_stale(verifying, IDLE_EVERY):
+            return False
+        return self.prespec_pays(verifying)
+
+    def prespec_pays(self, verifying: int = 1) -> bool:
+        """Preparing costs this verify its slowdown beside the draft: (contention - 1) x its time (on a
+        GPU target next to nothing; on cores the two models share, a lot). It pays when the next
+        round uses what was prepared (the hit rate) and a ready branch of m tokens then saves time
+        against the best way to make as many tokens without one (plain steps, or a draft drafted
+        just in time). Otherwise the worker rests and the target verifies alone."""
+        lengths = self._lengths("draft", self.caps["draft"])
+        if not lengths:
+            return False
+        verify, step = self.costs.target.ms, self.costs.draft.ms(1)
+        g = self.gains("draft", self.caps["draft"])
+        alternative = max(1.0 / self.costs.step_ms(), *(g[m] / (verify(m + 1) + m * step) for m in lengths))
+        saved = max(g[m] / alternative - verify(m + 1) for m in lengths)
+        cost = (self.costs.contention - 1.0) * verify(verifying)
+        return self.hit_rate() * saved > cost
+
+    def branch_depth(self) -> int:
+        """How many tokens the worker drafts on each branch: the length a ready branch is best
+        verified at (its tokens cost nothing by then)."""
+        lengths = self._lengths("prepared", self.caps["prepared"])
+        if not lengths:
+            return max(1, self.k_min)
+        g = self.gains("draft", self.caps["prepared"])
+        return max(lengths, key=lambda m: g[m] / self.costs.target.ms(m + 1))
+
+    # ------------------------------------------------------------ observations
+    def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
+                committed_top1: Sequence[float] = (), busy: bool = False) -> None:
+        """A verified round: what was proposed, how much was accepted, the target's decode time
+        (busy: with the worker drafting beside it), and the target's top-1 probability at each
+        committed position (accepted drafts, then its own) where wants_confidence."""
+        for p in committed_top1:
+            self.confidence.add(p)
+        if not self.prefilled:  # the prompt's round: its time says nothing of a step
+            self.prefilled = True
+            return
+        self.rounds_resting = 0 if busy else self.rounds_resting + 1
+        self.costs.observe_target(drafted + 1, verify_ms, busy)
+        if kind in ("draft", "prepared") and drafted:
+            self.rounds_since_draft = 0
+            for i in range(min(drafted, len(self.draft_alpha), accepted + 1)):
+                self.draft_alpha[i].add(1.0 if i < accepted else 0.0)  # position i was reached; accepted?
+            reached = list(committed_top1[:min(drafted, accepted + 1)])
+            if reached:
+                self.calibration.add(accepted, sum(reached))
+        else:
+            self.rounds_since_draft += 1
+        if kind == "ngram" and drafted and self.shadow is None:
+            rates = self.ngram_alpha[match_class(self.ngram_match)]
+            for i in range(min(drafted, accepted + 1, len(rates))):
+                rates[i].add(1.0 if i < accepted else 0.0)
+
+    def observe_lookup(self, used: bool) -> None:
+        """A round after the worker prepared: was a prepared branch verified? A branch found but not
+        worth verifying saved nothing."""
+        self.hits.add(1.0 if used else 0.0)
+        self.rounds_resting = 0
+
+    def observe_history(self, history: Sequence[int]) -> None:
+        """The committed history after a round: scores the n-gram lookup's standing proposals."""
+        if self.shadow is not None:
+            for s in self.shadow.settle(history):
+                rates = self.ngram_alpha[match_class(s.match)]
+                rates[min(s.position, len(rates) - 1)].add(1.0 if s.matched else 0.0)
+
+    def ask_ngram(self, history: Sequence[int]) -> Draft:
+        """The n-gram lookup's proposal for this round (remembered, to be scored as tokens commit)."""
+        if self.shadow is None:
+            return Draft((), "ngram")
+        draft = self.shadow.ask(history)
+        self.ngram_match = draft.match
+        return draft
+
+    def observe_draft(self, unread: int, feed_ms: float, steps: int, steps_ms: float) -> None:
+        """A just-in-time draft: reading `unread` + 1 tokens took feed_ms, then `steps` single steps."""
+        self.costs.draft.add(unread + 1, feed_ms)
+        if steps:
+            self.costs.draft.add(1, steps_ms / steps)
+
+    def report(self) -> dict:
+        verify = [round(self.costs.target.ms(n), 2) for n in range(1, self.caps["ngram"] + 2)]
+        return {"decisions": dict(self.decisions),
+                "draft_alpha": [round(self.alpha("draft", i), 3) for i in range(self.caps["draft"])],
+                "draft_alpha_measured": [round(r.value, 3) if r.n else None for r in self.draft_alpha],
+                "ngram_alpha_by_match": {f">={([0] + list(MATCH_CLASSES))[c]}": [round(r.value, 3) for r in rates]
+                                         for c, rates in enumerate(self.ngram_alpha)},
+                "step_ms": round(self.costs.step_ms(), 2),
+                "verify_ms": {n: v for n, v in enumerate(verify, 1)},
+                "regime": describe_regime(verify),
+                "draft_step_ms": round(self.costs.draft.ms(1), 2),
+                "contention": round(self.costs.contention, 3),
+                "prepared_hit_rate": round(self.hit_rate(), 3),
+                "rounds": [list(x) for x in self.log]}
+
+
+class Settled(NamedTuple):
+    """One proposed n-gram token decided by the committed history."""
+
+    position: int   # in its proposal (0: the first drafted token)
+    matched: bool   # the target committed it
+    match: int      # the proposal's match length (drafters.NgramDrafter)
+
+
+class NgramShadow:
+    """Asks the n-gram drafter at every round start and scores each proposed token as the committed
+    tokens decide it, so prompt lookup's acceptance is known even in rounds it did not serve."""
+
+    def __init__(self, drafter: NgramDrafter, k: int) -> None:
+        self.drafter = drafter
+        self.k = k
+        self.pending: list[tuple[int, Draft, int]] = []  # (history length when asked, proposal, decided)
+
+    def ask(self, history: Sequence[int]) -> Draft:
+        prop = self.drafter.propose(history, self.k)
+        if prop.tokens and not any(start == len(history) for start, _, _ in self.pending):
+            self.pending.append((len(history), prop, 0))
+        return prop
+
+    def settle(self, history: Sequence[int]) -> list[Settled]:
+        """The proposed tokens decided since the last call, in order. A proposal's tokens after its
+        first mismatch are never reached, so not scored."""
+        out: list[Settled] = []
+        keep = []
+        for start, prop, seen in self.pending:
+            known = min(len(history) - start, len(prop))
+            ended = False
+            while seen < known:
+                if history[start + seen] != prop.tokens[seen]:
+                    out.append(Settled(seen, False, prop.match))
+                    ended = True
+                    break
+                out.append(Settled(seen, True, prop.match))
+                seen += 1
+            if not ended and seen < len(prop):
+                keep.append((start, prop, seen))
+        self.pending = keep
+        return out

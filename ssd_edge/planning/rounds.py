@@ -1,0 +1,236 @@
+"""A round's proposal, for every mode: the planner decides, the proposers make it.
+
+    propose(history)      ask the worker what it prepared, ask the n-gram lookup, plan, then make
+                          the draft the plan names (a plain step, an n-gram copy, a prepared branch
+                          cut or extended, or a draft drafted now)
+    verifying(history, d) the target starts verifying d: the worker prepares the next round beside
+                          it where the planner says so
+    observe(...)          the round's outcome and timings, back to the planner and the SSD policy
+
+Whatever is proposed, the engine verifies it the same way (engine.py), so nothing here can change
+what the target commits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+import numpy as np
+
+from ..config import EngineConfig, SamplingConfig, split_threads, usable_cores
+from ..llama.kvseq import KVSeq, common_prefix
+from ..metrics import Meter
+from ..speculation.drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
+from .costs import Costs
+from .planner import DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, SERVED, Decision, Offer, Planner
+
+__all__ = ["Costs", "NGRAM_CAP", "Proposal", "Rounds", "build", "caps", "runs_beside", "threads_for"]
+
+if TYPE_CHECKING:  # imported by the modes that pre-speculate (ssd, auto beside the target) alone
+    from ..speculation.policy import PrespecPolicy
+    from .profile import Profile
+    from ..speculation.prespec import LookupResult, PrespecWorker
+
+
+class Proposal(NamedTuple):
+    draft: Draft
+    speculator: str          # none, draft, prespec, ngram
+    prespec: str | None      # SSD lookups: hit, partial, miss
+
+
+NOTHING = Proposal(EMPTY, "none", None)
+
+
+def caps(mode: str, k: int | None) -> tuple[int, int]:
+    """(draft model, n-gram) most tokens a round drafts: --draft-max when given; else the fixed
+    modes' FIXED_K, and for a planned mode as far as the device's verify curve pays (the caps)."""
+    if k is not None:
+        return k, k
+    return (DRAFT_CAP, NGRAM_CAP) if MENUS[mode].planned else (FIXED_K, FIXED_K)
+
+
+class Rounds:
+    """Each round's proposal and its bookkeeping, for one generation."""
+
+    def __init__(self, mode: str, planner: Planner, k_min: int, sampling: SamplingConfig, meter: Meter,
+                 drafter: ModelDrafter | None = None, worker: PrespecWorker | None = None,
+                 policy: PrespecPolicy | None = None, cancelled: Callable[[], bool] | None = None) -> None:
+        self.mode = mode
+        self.planner = planner
+        self.k_min = k_min
+        self.sampling = sampling
+        self.meter = meter
+        self.drafter = drafter
+        self.worker = worker
+        self.policy = policy
+        self.cancelled = cancelled
+        self.decision: Decision | None = None
+        self.busy = False  # whether the worker drafts beside the verify now running
+
+    @property
+    def served(self) -> str:
+        """The mode that served the last round: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
+        return SERVED[self.decision.kind] if self.decision is not None else "ar"
+
+    @property
+    def state(self) -> str:
+        """What runs now, for the gauges: the mode served, ssd's `backup` (an n-gram round in ssd), or
+        the SSD policy's rolled-back or sla-cut."""
+        if self.policy is not None and self.policy.state != "ssd":
+            return self.policy.state
+        if self.mode == "ssd" and self.served == "lookup":
+            return "backup"
+        return self.served
+
+    def propose(self, history: list[int], room: int, remaining: int) -> Proposal:
+        """The draft to verify after `history`, at most `room` tokens."""
+        if room < 1:
+            self.decision = None
+            return NOTHING
+        looked = self._lookup(history, room)
+        status = looked.status if looked is not None and looked.status != "none" else None
+        hit = status in ("hit", "partial")
+        ngram = self.planner.ask_ngram(history) if "ngram" in self.planner.menu.kinds else EMPTY
+        offered_ngram = ngram if self.mode != "ssd" or (self.policy is not None and self.policy.backup_ready) else EMPTY
+        kv = self.drafter.kv if self.drafter is not None else None
+        unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
+        d = self.decision = self.planner.plan(Offer(
+            room, remaining, ngram=len(offered_ngram), draft=self.drafter is not None, draft_unread=unread,
+            prepared=len(looked.draft) if hit else None, prepared_done=hit and looked.finished))
+        if status is not None:  # the worker prepared this round: did the plan use it?
+            self.planner.observe_lookup(d.kind == "prepared")
+        draft = self._make(d, history, ngram, looked)
+        if len(draft) < max(self.k_min, 1):
+            # --draft-min: a shorter draft is not verified (a plain step instead). Cutting what was
+            # drawn because of its length is safe: committed tokens never depend on the proposal
+            # (coupling.py), and the length itself was decided before each token was drawn.
+            return Proposal(EMPTY, "none", status)
+        return Proposal(draft, draft.speculator, status)
+
+    def _lookup(self, history: list[int], room: int) -> LookupResult | None:
+        if self.worker is None:
+            return None
+        looked = self.worker.lookup(history, min(self.planner.caps["prepared"], room))
+        if looked.status != "none" and self.policy is not None:
+            acceptance = float(np.mean([self.planner.alpha("draft", i) for i in range(self.planner.caps["draft"])]))
+            self.policy.observe_lookup(looked.status, acceptance)  # the window and rollback follow the hit rate
+        return looked
+
+    def _make(self, d: Decision, history: list[int], ngram: Draft, looked: LookupResult | None) -> Draft:
+        if d.kind == "ngram":
+            return ngram.head(d.m)
+        if d.kind == "prepared":
+            assert looked is not None and self.worker is not None
+            if looked.finished or d.m <= len(looked.draft):  # a finished branch verifies min(m, its length)
+                return looked.draft.head(d.m)
+            return self.worker.extend(history, d.m)
+        if d.kind == "draft":
+            if self.worker is not None:
+                return self.worker.draft_now(history, d.m)
+            assert self.drafter is not None
+            return self.drafter.propose(history, d.m, self.cancelled)
+        return EMPTY
+
+    def verifying(self, history: list[int], draft: Draft) -> None:
+        """The target starts verifying `draft`: the worker prepares the next round beside it where the
+        SSD policy lets it and the planner expects that to pay."""
+        self.busy = (self.worker is not None and self.policy is not None and self.policy.prespec_enabled
+                     and self.planner.worker_runs(len(draft) + 1))
+        if self.busy:
+            snapshot = self.policy.snapshot(self.planner.p_accept(len(draft)), self.planner.branch_depth())
+            self.worker.verifying(history, draft, snapshot)
+
+    def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, ms_per_token: float,
+                rows: np.ndarray) -> None:
+        """The round is verified: `rows` are the target's logit rows at the committed positions."""
+        kind = self.decision.kind if self.decision is not None else "plain"
+        top1 = _top1(rows, self.sampling).tolist() if self.planner.wants_confidence else ()
+        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1, busy=self.busy)
+        self.planner.observe_history(history)
+        if kind == "draft" and self.drafter is not None and self.drafter.timing is not None:
+            self.planner.observe_draft(*self.drafter.timing)
+        if self.policy is not None:
+            self.policy.observe_round(ms_per_token)
+
+    def report(self) -> dict[str, Any] | None:
+        """Mode auto's planner report (Stats.auto); None in the other modes."""
+        if self.mode != "auto":
+            return None
+        return {**self.planner.report(), "concurrent": self.worker is not None}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()  # the worker's draft sequence is the engine's draft KV (moved back to 0)
+
+
+def _top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
+    """The target's probability of its likeliest token, per row (at temperature 1 when greedy)."""
+    # float32 throughout: a planning estimate over the whole vocabulary, where float64 cost 1 ms a
+    # row (2% of a 1.5B model's step on 2 cores)
+    x = rows * np.float32(1.0 / (s.temperature if s.temperature > 0 else 1.0))
+    x -= x.max(axis=1, keepdims=True)
+    np.exp(x, out=x)
+    return 1.0 / x.sum(axis=1, dtype=np.float64)
+
+
+def offloaded(cfg: EngineConfig) -> bool:
+    """Whether the target's layers run off this CPU: on a local GPU, or on --rpc servers (which, on
+    another machine, a draft decoding here does not slow)."""
+    from ..llama.backend import gpu_offload_supported
+
+    return cfg.target.n_gpu_layers != 0 and (bool(cfg.target.rpc) or gpu_offload_supported())
+
+
+def runs_beside(cfg: EngineConfig) -> bool:
+    """Whether the draft can pre-speculate beside the target without taking its compute: the target
+    off this CPU, or the two models' threads fit on its cores side by side (on shared cores the
+    two alternating, each with every core, beat them running at once: FIELD_NOTES)."""
+    if cfg.draft is None:
+        return False
+    return offloaded(cfg) or cfg.target.threads + cfg.draft.threads <= usable_cores()
+
+
+def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile | None) -> EngineConfig:
+    """`cfg` with the thread split that suits `mode` here (EngineConfig.threads_follow_mode): in auto
+    the draft beside the target on cores of its own where the profile says the target loses nothing
+    by it (Profile.split), else the two taking turns with every core each; without a profile,
+    split_threads's rule of thumb."""
+    cores = usable_cores()
+    t, d = split_threads(mode, has_draft, cores)
+    if profile is not None and mode == "auto" and has_draft:
+        t, d = profile.split(cores) or (cores, cores)
+    update: dict[str, Any] = {"target": cfg.target.model_copy(update={"threads": t})}
+    if cfg.draft is not None:
+        update["draft"] = cfg.draft.model_copy(update={"threads": d})
+    return cfg.model_copy(update=update)
+
+
+def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
+          cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
+          step_ms: float | None = None, profile: Profile | None = None) -> Rounds:
+    """The rounds of one generation in `mode`, priced by this device's profile where there is one
+    and a plain step as earlier generations timed it (step_ms)."""
+    menu = MENUS[mode]
+    beside = runs_beside(cfg)
+    t, d = cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None
+    if profile is not None:
+        costs = profile.cost_model(t, d, offloaded=offloaded(cfg), step_ms=step_ms)
+    else:
+        costs = Costs(step_ms=step_ms, contention=1.0 if beside and offloaded(cfg) else None)
+    draft_cap, ngram_cap = caps(mode, cfg.spec.k)
+    planner = Planner(menu, costs, draft_cap=draft_cap, ngram_cap=ngram_cap, k_min=cfg.spec.k_min,
+                      ngram=NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max),
+                      draft_prior=profile.acceptance.alpha if profile is not None else 0.7)
+    p = cfg.prespec
+    drafter = None
+    if draft_kv is not None and "draft" in menu.kinds:
+        drafter = ModelDrafter(draft_kv, sampling, seed, cfg.spec.p_min, meter.draft_busy,
+                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
+    runs_worker = drafter is not None and (menu.worker == "always" or (menu.worker == "earned" and beside))
+    if not runs_worker or p.budget_cells == 0:
+        return Rounds(mode, planner, cfg.spec.k_min, sampling, meter, drafter, cancelled=cancelled)
+    from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
+    from ..speculation.prespec import PrespecWorker
+
+    worker = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled)
+    return Rounds(mode, planner, cfg.spec.k_min, sampling, meter, drafter, worker, PrespecPolicy(p), cancelled)
