@@ -12,8 +12,8 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from . import settings
-from .settings import OPTIONS
+from .. import settings
+from ..settings import OPTIONS
 
 EPILOG = """\
 [bold]Settings[/] come from, first to last: flags; environment variables SSD_EDGE_<NAME> (the long flag in \

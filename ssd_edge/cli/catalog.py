@@ -10,9 +10,9 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from .. import settings
 from ..errors import ConfigError
 from ..models import catalog, downloads
-from . import settings
 from .app import FILE_OPTIONS, models_app, with_options
 from .reporting import reported, stderr
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated

@@ -16,10 +16,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .. import settings
 from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from . import loader, settings
+from . import loader
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import EngineConfig
+from ..settings import Settings
 from .reporting import stderr
-from .settings import Settings
 
 log = logging.getLogger("ssd_edge.cli")
 

@@ -8,12 +8,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from .. import settings
 from ..bench.run import BENCH_MODES, BenchArgs, comma_list
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
 from ..config import SpecConfig
 from ..errors import ConfigError
-from . import settings
 from .app import app, with_options
 from .reporting import reported
 

@@ -12,9 +12,10 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.markup import escape
 
+from .. import settings
 from ..errors import SSDEdgeError
 from ..models import catalog
-from . import loader, settings
+from . import loader
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import reported, stderr
 

@@ -24,7 +24,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ssd_edge.cli import commands as cli, loader, measuring, settings
+from ssd_edge import settings
+from ssd_edge.cli import commands as cli, loader, measuring
 from ssd_edge.cli.signals import Terminated
 from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
 from ssd_edge.models import catalog

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ssd_edge.bench import run as bench
-from ssd_edge.cli.settings import engine_config, resolve
+from ssd_edge.settings import engine_config, resolve
 from ssd_edge.errors import ConfigError, RPCError
 from test_cli import clean_env, one_error, run  # noqa: F401 (clean_env: test_cli's autouse fixture, here too)
 

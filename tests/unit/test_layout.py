@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[2] / "ssd_edge"
 # Top-level modules: typed data and pure maths that import nothing but each other (LEAF), and the
 # engine itself, which every part is arranged around.
 TOP_LEVEL = {"config", "events", "errors", "metrics", "interface", "paths", "progress",
-             "sampling", "coupling", "verify", "engine"}
+             "sampling", "coupling", "verify", "engine", "settings"}
 
 # The layer of each part, bottom (0) to top; the most specific prefix wins. A module may import
 # its own layer or any below it, never one above.
@@ -26,7 +26,8 @@ LAYER = {
     "ssd_edge.engine": ENGINE,
     "ssd_edge.speculation": SPECULATION, "ssd_edge.auto": SPECULATION,  # planner, profile: the engine asks them
     "ssd_edge.llama": ADAPTER, "ssd_edge.models": ADAPTER,
-    **{f"ssd_edge.{m}": LEAF for m in TOP_LEVEL - {"engine"}},
+    "ssd_edge.settings": ADAPTER,  # the flags' table: reads the catalog for the default pair
+    **{f"ssd_edge.{m}": LEAF for m in TOP_LEVEL - {"engine", "settings"}},
 }
 NAMES = ["leaf", "adapter", "speculation", "engine", "measure", "faces"]
 
@@ -132,10 +133,10 @@ def test_the_checks_see_a_wrong_tree():
     """The checks above pass on the tree; on a fabricated wrong one they do not."""
     assert ("ssd_edge.llama.kvseq", "KVSeq") in {(t, n) for t, n, _ in imports("ssd_edge.speculation.drafters")}
     assert ("ssd_edge.auto.profile", None) in {(t, n) for t, n, _ in imports("ssd_edge.engine")}  # a lazy one
-    assert up_arrows({"ssd_edge.engine": [("ssd_edge.cli.settings", "Settings", 1)],
+    assert up_arrows({"ssd_edge.engine": [("ssd_edge.cli.commands", "run", 1)],
                       "ssd_edge.llama.kvseq": [("ssd_edge.speculation.drafters", "Draft", 2)],
                       "ssd_edge.auto.profile": [("ssd_edge.auto.calibrate", None, 3)]}) == [
-        "ssd_edge.engine:1 (engine) imports ssd_edge.cli.settings (faces)",
+        "ssd_edge.engine:1 (engine) imports ssd_edge.cli.commands (faces)",
         "ssd_edge.llama.kvseq:2 (adapter) imports ssd_edge.speculation.drafters (speculation)",
         "ssd_edge.auto.profile:3 (speculation) imports ssd_edge.auto.calibrate (measure)"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
