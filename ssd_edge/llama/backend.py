@@ -95,7 +95,6 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_layer = int(ll.llama_model_n_layer(ptr))
-        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         asked = self.n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
         can_offload = bool(self.endpoints) or gpu_offload_supported()
         self.gpu_layers = min(asked, self.n_layer + 1) if can_offload else 0
