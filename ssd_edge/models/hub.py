@@ -36,7 +36,7 @@ from ..errors import FetchError, ModelNotFoundError
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's default for -hf without :QUANT
 PREFIX = "hf:"
 CHUNK = 8 << 20
-_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 # a quantization label in a file name: Q4_K_M, q8_0, IQ4_XS, Q4_0_4_4, F16, BF16, F32, TQ1_0, MXFP4
 _QUANT = re.compile(r"(?:^|[-._])((?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|B?F16|F32|TQ\d_\d|MXFP4(?:_MOE)?))(?=[-._]|$)",
                     re.IGNORECASE)
@@ -94,7 +94,7 @@ class RemoteFile:
 def quant_of(filename: str) -> str | None:
     """'qwen2.5-7b-instruct-q4_k_m-00001-of-00002.gguf' -> 'Q4_K_M'; None when the name shows none."""
     base = filename.rsplit("/", 1)[-1]
-    m = _SPLIT.match(base)
+    m = SPLIT.match(base)
     stem = m.group("stem") if m else re.sub(r"\.gguf$", "", base, flags=re.IGNORECASE)
     found = _QUANT.findall(stem)
     return found[-1].upper() if found else None
@@ -109,7 +109,7 @@ def gguf_models(files: list[RemoteFile]) -> dict[str, list[RemoteFile]]:
         base = f.name.rsplit("/", 1)[-1]
         if not base.lower().endswith(".gguf") or "mmproj" in base.lower():
             continue
-        m = _SPLIT.match(f.name)
+        m = SPLIT.match(f.name)
         if m:
             splits.setdefault((m.group("stem"), int(m.group("count"))), {})[int(m.group("no"))] = f
         else:
