@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelNotFoundError
 from ..models import catalog, downloads, hub, pairing, vocab
 
 
@@ -51,7 +51,11 @@ def _hub_name(text: str) -> str:
 
 def check_pair(target: str, draft: str | None, models_dir: Path) -> vocab.Fit | None:
     """Refuse a draft whose vocabulary does not fit the target's (VocabMismatchError, one line),
-    reading both headers only."""
+    reading both headers only. A model not here yet is left to the loader (the TUI offers a pull)."""
     if draft is None:
         return None
-    return vocab.check(catalog.resolve_model(target, models_dir), catalog.resolve_model(draft, models_dir))
+    try:
+        paths = catalog.resolve_model(target, models_dir), catalog.resolve_model(draft, models_dir)
+    except ModelNotFoundError:
+        return None
+    return vocab.check(*paths)
