@@ -25,8 +25,8 @@ import time
 import httpx
 import uvicorn
 
-from ssd_edge.cli import settings
-from ssd_edge.cli.commands import load_engine, model_label
+from ssd_edge import settings
+from ssd_edge.cli.loader import load_engine, model_label
 from ssd_edge.events import FinishEvent
 from ssd_edge.server import create_app
 

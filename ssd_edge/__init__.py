@@ -7,7 +7,7 @@
 
 The Engine is imported on first use, so `import ssd_edge` stays cheap for
 tools that only read configs or events; llama_cpp itself is imported only when
-a model is loaded (ssd_edge/llama/backend.py).
+a model is loaded (ssd_edge/llama/library.py).
 """
 
 from __future__ import annotations

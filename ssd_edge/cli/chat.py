@@ -29,10 +29,9 @@ from rich.text import Text
 
 from pydantic import ValidationError
 
-from .. import paths
+from .. import paths, settings
 from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from . import settings
 from .signals import EXIT_TERMINATED, CancelOnSignal
 from .stats_text import stats_line, stats_table
 

@@ -10,13 +10,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
+from .. import paths
 from ..errors import ConfigError, ModelNotFoundError
 from ..models import catalog, downloads, hub, pairing, vocab
+from ..settings import Settings
+from .reporting import stderr
 
 
 def hub_models(model: str | None, model_draft: str | None, hf: str | None, hfd: str | None, no_draft: bool,
@@ -59,3 +64,21 @@ def check_pair(target: str, draft: str | None, models_dir: Path) -> vocab.Fit | 
     except ModelNotFoundError:
         return None
     return vocab.check(*paths)
+
+
+def with_hub_models(s: Settings) -> Settings:
+    """Settings whose -hf/-hfd are pulled (or found in the cache) and stand for -m/-md."""
+    if not (s["hf_repo"] or s["hf_repo_draft"]):
+        return s
+    model, draft = hub_models(s["model"], s["model_draft"], s["hf_repo"], s["hf_repo_draft"], bool(s["no_draft"]),
+                              s.models_dir, stderr())
+    return replace(s, values={**s.values, "model": model, "model_draft": draft})
+
+
+def flags_with_hub_models(flags: dict[str, Any]) -> dict[str, Any]:
+    """bench and calibrate (their flags only): -hf/-hfd pulled and standing for -m/-md."""
+    if not (flags.get("hf_repo") or flags.get("hf_repo_draft")):
+        return flags
+    model, draft = hub_models(flags["model"], flags["model_draft"], flags["hf_repo"], flags["hf_repo_draft"], False,
+                              paths.models_dir(flags["models_dir"]), stderr())
+    return {**flags, "model": model, "model_draft": draft}

@@ -1,4 +1,6 @@
-"""The llama.cpp adapter: backend (the only importer of llama_cpp), kvseq (a generation's
-tokens and each model's KV position), rpc (--rpc servers: the HELLO probe, the launcher).
+"""The llama.cpp adapter: backend (Model and Context behind the Backend protocol), library (llama_cpp
+itself, the only importer of it, loaded on first use), rpc_guard (calls that may wait on an --rpc
+server), quantization (requantizing a draft), kvseq (a generation's tokens and each model's KV
+position), rpc (--rpc servers: the HELLO probe, the launcher).
 
 Empty on purpose: importing ssd_edge.llama.kvseq must not load llama_cpp."""

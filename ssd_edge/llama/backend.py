@@ -1,5 +1,6 @@
-"""The llama.cpp adapter: the only module that imports llama_cpp, and only when a
-model is loaded, so importing it (or the engine) works without the compiled library.
+"""The llama.cpp adapter: a loaded model and its contexts. llama_cpp itself is reached through
+library.ll, which imports it when a model is loaded, so importing this module (or the engine)
+works without the compiled library.
 
 Model   one loaded GGUF file (weights, vocabulary, chat template); may back
         several contexts.
@@ -10,7 +11,9 @@ Context one llama_context with its own KV cache and thread count. Never use a
 Everything above this module sees numpy arrays and Python ints. Model and
 Context implement the Backend protocol of interface.py (BackendModel,
 BackendContext); Aborted, TextStream and ModelInfo live there and are
-re-exported here.
+re-exported here, as are library.py's questions about the build (init,
+system_info, gpu_offload_supported, rpc_supported, llama_cpp_version).
+Calls that may wait on an --rpc server go through rpc_guard.GUARD.
 """
 
 from __future__ import annotations
@@ -18,94 +21,24 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import threading
-import time
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import Endpoint, parse_endpoints
-from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError, RPCError,
+from ..config import parse_endpoints
+from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError,
                       VocabMismatchError)
 from ..interface import Aborted, ModelInfo, TextStream
+from .library import gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, system_info
 from .rpc import probe
+from .rpc_guard import GUARD
 
 __all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "TextStream", "check_gguf_file",
-           "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "quantize", "rpc_supported",
+           "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "rpc_supported",
            "system_info"]
 
-
-class _Library:
-    """Stands for the llama_cpp module until first use, then replaces itself with it
-    (so after the first call every `ll.x` is a plain module attribute)."""
-
-    def __getattr__(self, name: str):
-        global ll
-        try:
-            import llama_cpp
-        except ImportError as e:
-            raise ImportError("llama-cpp-python is not installed; run scripts/setup.sh") from e
-        ll = llama_cpp
-        return getattr(llama_cpp, name)
-
-
-ll = _Library()
-
 log = logging.getLogger(__name__)
-
-_init_lock = threading.Lock()
-_initialised = False
-_verbose = False
-_LOG_LEVEL_ERROR = 2  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error (cont = 5)
-
-_log_callback = None  # the C callback; a module-level reference keeps it alive while llama.cpp holds it
-
-
-def _write_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # called from C
-    if _verbose:
-        try:
-            os.write(2, text)
-        except OSError:
-            pass
-
-
-def init(verbose: bool = False) -> None:
-    """Initialise llama.cpp once per process; llama.cpp logs go to stderr only if verbose."""
-    global _initialised, _verbose, _log_callback
-    _verbose = verbose
-    with _init_lock:
-        if _initialised:
-            return
-        _log_callback = ll.llama_log_callback(_write_log)
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        info = system_info()
-        if "AMX_INT8 = 1" in info or "AMX = 1" in info:
-            raise RuntimeError(
-                "this llama-cpp-python build uses Intel AMX, which crashes with 'Illegal instruction' on "
-                "machines that trap it; rebuild with scripts/setup.sh (it switches AMX off)")
-        ll.llama_backend_init()
-        _initialised = True
-
-
-def system_info() -> str:
-    return ll.llama_print_system_info().decode(errors="replace")
-
-
-def gpu_offload_supported() -> bool:
-    """Whether this machine has a GPU llama.cpp can offload to. Not llama_supports_gpu_offload(): that is
-    also true on a CPU-only build with the RPC backend compiled in, where -ngl without --rpc does nothing."""
-    init()
-    return bool(_local_gpus())
-
-
-def llama_cpp_version() -> str:
-    """The installed llama-cpp-python's version, read without loading the library."""
-    try:
-        return metadata.version("llama-cpp-python")
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def check_gguf_file(path: Path) -> None:
@@ -125,203 +58,6 @@ def check_gguf_file(path: Path) -> None:
         raise CorruptModelError(f"truncated GGUF file (only {len(head)} bytes): {path}")
 
 
-# ---------------------------------------------------------------- llama.cpp's RPC backend
-#
-# What llama.cpp's RPC client does when a server fails (vendored ggml/src/ggml-rpc/ggml-rpc.cpp): one
-# dispatcher thread per endpoint sends every command and waits for its answer; a failed send or
-# receive (the server died, the connection reset) hits RPC_STATUS_ASSERT, which calls GGML_ABORT, which
-# calls abort() and ends the whole process. A refused connection at registration does the same, on the
-# caller's thread. No error code ever comes back to llama_decode.
-#
-# What is guarded here: endpoints are probed in Python before registration (rpc.probe), so a wrong
-# port is a one-line RPCError. Every llama.cpp call that may wait on a server runs on a helper thread
-# while the caller waits with a timeout. ggml's abort callback, on a non-main thread and for an abort
-# raised in ggml-rpc.cpp, marks RPC as lost and parks that thread for good instead of returning (a
-# return means abort()). The caller then raises RPCError; the models on the servers are never used
-# or freed again (that would wait on the parked dispatcher), the helper and dispatcher threads stay
-# parked until the process exits, and local models keep working. A server that vanishes without a
-# reset (a pulled cable) leaves the dispatcher blocked in recv: the timeout covers that. Whatever
-# aborts on the main thread, or outside ggml-rpc.cpp, still aborts the process.
-
-_DEV_GPU, _DEV_IGPU = 1, 2  # enum ggml_backend_dev_type
-_ggml_lib: Any = None
-_abort_callback = None  # module-level reference: ggml keeps the pointer
-
-
-def _ggml() -> Any:
-    """libggml as llama-cpp-python loaded it, with the prototypes used here (ggml-backend.h, ggml.h)."""
-    global _ggml_lib
-    if _ggml_lib is None:
-        from llama_cpp import _ggml as g
-
-        lib, vp, sz, s = g.libggml, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p
-        for name, args, res in [
-            ("ggml_backend_dev_count", [], sz), ("ggml_backend_dev_get", [sz], vp),
-            ("ggml_backend_dev_type", [vp], ctypes.c_int), ("ggml_backend_dev_backend_reg", [vp], vp),
-            ("ggml_backend_dev_name", [vp], s), ("ggml_backend_reg_name", [vp], s),
-            ("ggml_backend_reg_by_name", [s], vp), ("ggml_backend_reg_get_proc_address", [vp, s], vp),
-            ("ggml_backend_reg_dev_count", [vp], sz), ("ggml_backend_reg_dev_get", [vp, sz], vp),
-            ("ggml_backend_register", [vp], None), ("ggml_set_abort_callback", [vp], vp)]:
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
-        _ggml_lib = lib
-    return _ggml_lib
-
-
-def _local_gpus() -> list[int]:
-    """Device pointers of the local GPUs (not RPC devices), in ggml's order."""
-    g = _ggml()
-    out = []
-    for i in range(g.ggml_backend_dev_count()):
-        dev = g.ggml_backend_dev_get(i)
-        if g.ggml_backend_dev_type(dev) in (_DEV_GPU, _DEV_IGPU) and \
-                g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(dev)) != b"RPC":
-            out.append(dev)
-    return out
-
-
-def rpc_supported() -> bool:
-    """Whether this llama-cpp-python build has the RPC backend (scripts/setup.sh builds with -DGGML_RPC=ON)."""
-    init()
-    return bool(_ggml().ggml_backend_reg_by_name(b"RPC"))
-
-
-def _model_devices(endpoints: list[Endpoint], timeout_s: float) -> Any:
-    """llama_model_params.devices for a model: its RPC servers' devices, then the local GPUs. None (llama.cpp's
-    own choice) while no RPC server is registered in this process."""
-    if endpoints:
-        devs = _rpc.register(endpoints, timeout_s)
-    elif _rpc.registered:
-        devs = []
-    else:
-        return None
-    devs = devs + _local_gpus()
-    return (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
-
-
-class _RpcState:
-    """Process-wide: the registered endpoints and their devices, and whether RPC was lost."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.registered: dict[Endpoint, list[int]] = {}
-        self.lost: str | None = None          # why, once a server was lost; RPC is then over for this process
-        self.lost_event = threading.Event()
-
-    def register(self, endpoints: list[Endpoint], timeout_s: float) -> list[int]:
-        """ggml_backend_rpc_add_server + ggml_backend_register for each new endpoint (as llama.cpp's --rpc
-        does in common/arg.cpp); the endpoints' device pointers, in order."""
-        self.check(endpoints)
-        g = _ggml()
-        reg = g.ggml_backend_reg_by_name(b"RPC")
-        if not reg:
-            raise RPCError("this llama-cpp-python build has no RPC backend: rebuild it with scripts/setup.sh "
-                           "(it sets -DGGML_RPC=ON)")
-        add = g.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
-        add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(add)  # ggml_backend_rpc_add_server_t
-        _install_abort_callback()
-        devs: list[int] = []
-        with self.lock:
-            for ep in endpoints:
-                if ep not in self.registered:
-                    server_reg = self.call(f"connecting to {ep}", [ep], timeout_s, add_server, str(ep).encode())
-                    if not server_reg:
-                        raise RPCError(f"rpc server {ep} offers no devices")
-                    g.ggml_backend_register(server_reg)
-                    self.registered[ep] = [g.ggml_backend_reg_dev_get(server_reg, i)
-                                           for i in range(g.ggml_backend_reg_dev_count(server_reg))]
-                    log.info("rpc server %s: devices %s", ep,
-                             ", ".join(g.ggml_backend_dev_name(d).decode() for d in self.registered[ep]))
-                devs += self.registered[ep]
-        return devs
-
-    def check(self, endpoints: Sequence[Endpoint]) -> None:
-        if self.lost is not None:
-            raise RPCError(f"rpc server {_names(endpoints)}: RPC is unusable in this process since a server was "
-                           f"lost ({self.lost}); restart ssd-edge")
-
-    def lose(self, why: str) -> None:
-        if self.lost is None:
-            self.lost = why
-        self.lost_event.set()
-
-    def call(self, what: str, endpoints: Sequence[Endpoint], timeout_s: float, fn: Callable[..., Any],
-             *args: Any) -> Any:
-        """fn(*args) on a helper thread; RPCError if RPC is lost meanwhile or it takes over timeout_s."""
-        self.check(endpoints)
-        box: list[Any] = []
-        done = threading.Event()
-
-        def run() -> None:
-            try:
-                box.append(fn(*args))
-            except BaseException as e:  # pragma: no cover - ctypes calls raise only on bad arguments
-                box.append(e)
-            finally:
-                done.set()
-
-        threading.Thread(target=run, name="ssd-edge-rpc-call", daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        try:
-            self._wait(what, endpoints, timeout_s, done, deadline)
-        except RPCError:
-            raise
-        except BaseException as interrupt:  # Ctrl-C while waiting: the C call cannot be stopped, and a context
-            try:                            # must not be used from two threads: let it end (or be lost) first
-                self._wait(what, endpoints, timeout_s, done, deadline)
-            except RPCError:
-                pass
-            raise interrupt
-        if isinstance(box[0], BaseException):  # pragma: no cover
-            raise box[0]
-        return box[0]
-
-    def _wait(self, what: str, endpoints: Sequence[Endpoint], timeout_s: float, done: threading.Event,
-              deadline: float) -> None:
-        while not done.wait(0.02):  # returns at once when the call ends; the poll only watches for a loss
-            if self.lost_event.is_set():
-                raise RPCError(f"rpc server {_names(endpoints)} lost during {what} ({self.lost}); the models on it "
-                               "cannot be used again in this process")
-            if time.monotonic() >= deadline:
-                self.lose(f"no answer within {timeout_s:g} s")
-                raise RPCError(f"rpc server {_names(endpoints)} did not answer within {timeout_s:g} s during {what}"
-                               "; the models on it cannot be used again in this process")
-
-    def call_quietly(self, what: str, endpoints: Sequence[Endpoint], timeout_s: float, fn: Callable[..., Any],
-                     *args: Any) -> None:
-        """A clean-up call: a lost server is logged, not raised (a close must not fail)."""
-        try:
-            self.call(what, endpoints, timeout_s, fn, *args)
-        except RPCError as e:
-            log.warning("%s", e)
-
-
-_rpc = _RpcState()
-
-
-def _names(endpoints: Sequence[Endpoint]) -> str:
-    return ",".join(str(e) for e in endpoints)
-
-
-def _on_ggml_abort(message: bytes) -> None:  # called from C, on the failing thread, just before abort()
-    text = (message or b"").decode(errors="replace")
-    where, _, why = text.partition(": ")
-    if "ggml-rpc" in where and threading.current_thread() is not threading.main_thread():
-        _rpc.lose(why.strip() or text)
-        threading.Event().wait()  # park this thread for good: returning means abort()
-    try:  # what ggml prints when no callback is set (less its backtrace)
-        os.write(2, message + b"\n")
-    except OSError:
-        pass
-
-
-def _install_abort_callback() -> None:
-    global _abort_callback
-    if _abort_callback is None:
-        _abort_callback = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(_on_ggml_abort)
-        _ggml().ggml_set_abort_callback(ctypes.cast(_abort_callback, ctypes.c_void_p))
-
-
 class Model:
     """A loaded GGUF model."""
 
@@ -338,18 +74,18 @@ class Model:
         self.ptr = None
         self._closed = True
         for ep in self.endpoints:  # llama.cpp's client abort()s on a refused connection: find out first
-            if ep not in _rpc.registered:  # (a registered one may hold our own connection: a probe would wait)
+            if ep not in GUARD.registered:  # (a registered one may hold our own connection: a probe would wait)
                 probe(ep)
         init(verbose)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30
         params.use_extra_bufts = repack
-        devices = _model_devices(self.endpoints, rpc_timeout_s)
+        devices = GUARD.devices_for(self.endpoints, rpc_timeout_s)
         if devices is not None:  # NULL-terminated; llama.cpp copies the list during the load
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
         path_c = str(self.path).encode()
         if self.endpoints:  # weights travel to the servers: a dead one must not hang the load
-            ptr = _rpc.call(f"loading {self.path.name}", self.endpoints, 10 * rpc_timeout_s,
+            ptr = GUARD.call(f"loading {self.path.name}", self.endpoints, 10 * rpc_timeout_s,
                             ll.llama_model_load_from_file, path_c, params)
         else:
             ptr = ll.llama_model_load_from_file(path_c, params)
@@ -359,7 +95,6 @@ class Model:
         self.vocab = ll.llama_model_get_vocab(ptr)
         self.n_vocab = int(ll.llama_vocab_n_tokens(self.vocab))
         self.n_layer = int(ll.llama_model_n_layer(ptr))
-        self.add_bos = bool(ll.llama_vocab_get_add_bos(self.vocab))
         asked = self.n_layer + 1 if n_gpu_layers < 0 else n_gpu_layers
         can_offload = bool(self.endpoints) or gpu_offload_supported()
         self.gpu_layers = min(asked, self.n_layer + 1) if can_offload else 0
@@ -372,7 +107,7 @@ class Model:
     @property
     def lost(self) -> bool:
         """Whether an RPC server this model lives on was lost: the model can never be used or freed again."""
-        return bool(self.endpoints) and _rpc.lost is not None
+        return bool(self.endpoints) and GUARD.lost is not None
 
     # ------------------------------------------------------------ metadata
     def info(self) -> ModelInfo:
@@ -453,7 +188,7 @@ class Model:
         if self.lost:  # freeing sends to the lost server and would wait for ever: leave it to the process exit
             return
         if self.endpoints:
-            _rpc.call_quietly(f"freeing {self.path.name}", self.endpoints, self.rpc_timeout_s,
+            GUARD.call_quietly(f"freeing {self.path.name}", self.endpoints, self.rpc_timeout_s,
                               ll.llama_model_free, self.ptr)
         else:
             ll.llama_model_free(self.ptr)
@@ -507,10 +242,10 @@ class Context:
         params.n_threads_batch = threads
         params.kv_unified = n_seq_max > 1
         params.no_perf = True
-        self._rpc = list(getattr(model, "endpoints", ()))  # llama.cpp calls that may wait on an RPC server
+        self._endpoints = list(getattr(model, "endpoints", ()))  # llama.cpp calls that may wait on an RPC server
         self._timeout_s = getattr(model, "rpc_timeout_s", 60.0)
-        if self._rpc:
-            ptr = _rpc.call(f"creating a context for {model.path.name}", self._rpc, self._timeout_s,
+        if self._endpoints:
+            ptr = GUARD.call(f"creating a context for {model.path.name}", self._endpoints, self._timeout_s,
                             ll.llama_init_from_model, model.ptr, params)
         else:
             ptr = ll.llama_init_from_model(model.ptr, params)
@@ -562,8 +297,8 @@ class Context:
             b.logits[i] = i in want
         b.n_tokens = n
         out = np.empty((len(logits_for), self.model.n_vocab), dtype=np.float32)
-        if self._rpc:  # llama_decode may return before the servers finish: the logits read waits on them too
-            rc = _rpc.call("a decode", self._rpc, self._timeout_s, self._decode_into, b, logits_for, out)
+        if self._endpoints:  # llama_decode may return before the servers finish: the logits read waits on them too
+            rc = GUARD.call("a decode", self._endpoints, self._timeout_s, self._decode_into, b, logits_for, out)
         else:
             rc = self._decode_into(b, logits_for, out)
         if rc == 2:
@@ -597,8 +332,8 @@ class Context:
         return int(ll.llama_memory_seq_pos_max(self.mem, seq))
 
     def clear(self) -> None:
-        if self._rpc:  # clearing the data zeroes buffers on the servers
-            _rpc.call("clearing the KV cache", self._rpc, self._timeout_s, ll.llama_memory_clear, self.mem, True)
+        if self._endpoints:  # clearing the data zeroes buffers on the servers
+            GUARD.call("clearing the KV cache", self._endpoints, self._timeout_s, ll.llama_memory_clear, self.mem, True)
         else:
             ll.llama_memory_clear(self.mem, True)
 
@@ -606,10 +341,10 @@ class Context:
         if self._closed:
             return
         self._closed = True
-        if self._rpc and _rpc.lost is not None:  # a decode may still hang in it; see Model.close
+        if self._endpoints and GUARD.lost is not None:  # a decode may still hang in it; see Model.close
             return
-        if self._rpc:
-            _rpc.call_quietly("freeing a context", self._rpc, self._timeout_s, ll.llama_free, self.ptr)
+        if self._endpoints:
+            GUARD.call_quietly("freeing a context", self._endpoints, self._timeout_s, ll.llama_free, self.ptr)
         else:
             ll.llama_free(self.ptr)
         ll.llama_batch_free(self._batch)
@@ -660,18 +395,3 @@ def _libc_strlen() -> int | None:
         return ctypes.cast(libc.strlen, ctypes.c_void_p).value
     except (OSError, AttributeError):  # pragma: no cover
         return None
-
-
-# `ssd-edge models derive-draft --type` -> llama.cpp's file type (attribute names: llama_cpp loads on first use)
-QUANT_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
-
-
-def quantize(src: Path, dst: Path, kind: str, threads: int = 0) -> None:
-    """Requantize the GGUF file `src` into `dst` (llama_model_quantize; threads 0 = all cores)."""
-    init()
-    params = ll.llama_model_quantize_default_params()
-    params.ftype = getattr(ll, QUANT_TYPES[kind])
-    params.allow_requantize = True
-    params.nthread = threads
-    if ll.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)) != 0:
-        raise CorruptModelError(f"llama.cpp could not requantize {src} to {kind}")

@@ -84,9 +84,9 @@ class KVSeq:
         """Make the cache hold exactly `full`; return the logit rows of its last `rows` tokens.
 
         The longest prefix already cached is kept (at least `rows` tokens are decoded so
-        their logits exist); the rest is decoded in chunks of `chunk` tokens (default
-        n_batch), checking `cancelled` between chunks: Cancelled leaves the cache holding
-        the chunks decoded so far, and `tokens` says so.
+        their logits exist); the rest is decoded in batches of at most `chunk` tokens
+        (default n_batch), checking `cancelled` between batches: Cancelled leaves the cache
+        holding the batches decoded so far, and `tokens` says so.
         """
         if len(full) > self.ctx.n_ctx:
             raise ContextFullError(f"{len(full)} tokens do not fit in a context of {self.ctx.n_ctx}")
@@ -99,10 +99,10 @@ class KVSeq:
         for start in range(0, len(todo), step):
             if cancelled is not None and start and cancelled():
                 raise Cancelled()
-            chunk = todo[start:start + step]
+            batch = todo[start:start + step]  # the tokens of one decode
             first_row = len(todo) - rows  # index in todo of the first token whose logits are wanted
-            want = [i for i in range(len(chunk)) if start + i >= first_row]
-            out.append(self.ctx.decode(chunk, range(pos, pos + len(chunk)), [self.seq] * len(chunk), want))
-            self._tokens.extend(chunk)
-            pos += len(chunk)
+            want = [i for i in range(len(batch)) if start + i >= first_row]
+            out.append(self.ctx.decode(batch, range(pos, pos + len(batch)), [self.seq] * len(batch), want))
+            self._tokens.extend(batch)
+            pos += len(batch)
         return np.concatenate(out) if out else np.empty((0, self.ctx.model.n_vocab), np.float32)

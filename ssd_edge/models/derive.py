@@ -26,7 +26,8 @@ def provenance_path(path: Path) -> Path:
 
 def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force: bool = False) -> tuple[Path, bool]:
     """(the derived file, whether it was made now). The source must be pulled and verified."""
-    from ..llama import backend  # loads llama.cpp
+    from ..llama.library import llama_cpp_version
+    from ..llama.quantization import quantize  # llama.cpp loads when it runs
 
     cat = catalog.load_catalog()
     model = cat.get(name)
@@ -39,12 +40,12 @@ def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force:
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
     t0 = time.perf_counter()
     try:
-        backend.quantize(src, tmp, kind)
+        quantize(src, tmp, kind)
         os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)  # a failure or Ctrl-C leaves no half-written file
     note = {"source": model.name, "source_file": model.file, "source_sha256": model.sha256, "type": kind,
-            "size": dst.stat().st_size, "llama_cpp_python": backend.llama_cpp_version(),
+            "size": dst.stat().st_size, "llama_cpp_python": llama_cpp_version(),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t0, 2)}
     provenance_path(dst).write_text(json.dumps(note, indent=2) + "\n")

@@ -35,10 +35,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..cli.settings import reason
 from ..config import SamplingConfig, SpecConfig
 from ..errors import ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
+from ..settings import reason
 from .monitor import CONTENT_TYPE, Monitor
 from .protocol import APIError, ChatRequest, CompletionRequest, Reply, bad_request, parse
 from .scheduler import Failure, Job, QueueFull, Scheduler, ShuttingDown, Work

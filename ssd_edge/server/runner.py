@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import uvicorn
 
-from ..cli.settings import Settings, engine_config
+from ..settings import Settings, engine_config
 from ..config import EngineConfig
 from ..errors import ConfigError
 from .app import MAX_BODY, create_app

@@ -227,7 +227,7 @@ def test_peer_runs_a_binary_and_reports_its_failure(tmp_path):
                        temperature=0.0, seed=0, n_ctx=512)
 
 
-# ---------------------------------------------------------------- CLI (through `ssd-edge bench`, cli/commands.py)
+# ---------------------------------------------------------------- CLI (through `ssd-edge bench`, cli/measuring.py)
 
 def ssd_edge(args: list[str]) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `ssd-edge ARGS`; neither stream is a terminal."""

@@ -24,7 +24,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ssd_edge.cli import commands as cli, settings
+from ssd_edge import settings
+from ssd_edge.cli import commands as cli, loader, measuring
+from ssd_edge.cli.signals import Terminated
 from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
 from ssd_edge.models import catalog
 from ssd_edge.models.catalog import Catalog, CatalogModel, PartSpec
@@ -201,7 +203,7 @@ def test_no_prompt_and_stdin_is_a_terminal():
 @pytest.fixture
 def fake_engine(monkeypatch):
     engine = one_word_engine()
-    monkeypatch.setattr(cli, "load_engine", lambda cfg, s: engine)
+    monkeypatch.setattr(loader, "load_engine", lambda cfg, s: engine)
     return engine
 
 
@@ -262,7 +264,7 @@ def test_a_model_the_engine_refuses_is_one_line_exit_3(monkeypatch, error):
     files: tests/real/test_backend.py)."""
     def refuse(cfg, s):
         raise error
-    monkeypatch.setattr(cli, "load_engine", refuse)
+    monkeypatch.setattr(loader, "load_engine", refuse)
     code, out, err = run(["generate", "hi", "-m", "t.gguf", "-md", "d.gguf"])
     assert code == 3 and out == "" and one_error(err) == f"error: {error}"
 
@@ -310,6 +312,22 @@ def test_tui_missing_is_a_clear_error(monkeypatch):
     assert code == 1 and "the terminal app is not available" in one_error(err)
 
 
+def test_the_tui_is_found_by_its_entry_point_not_an_import(monkeypatch):
+    """pyproject.toml declares the TUI in the group ssd_edge.faces; without that entry point `ssd-edge tui`
+    (and `ssd-edge` alone) is one clear line, exit 1."""
+    from importlib.metadata import entry_points
+
+    from ssd_edge.cli import generation
+
+    assert [ep.value for ep in entry_points(group="ssd_edge.faces") if ep.name == "tui"] == ["tui.app:run_app"]
+    monkeypatch.setattr(generation, "entry_points", lambda group: [])
+    for args in (["tui"], []):
+        code, _, err = run(args)
+        assert code == 1 and one_error(err) == ("error: the terminal app is not available (no entry point 'tui' in "
+                                                "group ssd_edge.faces: reinstall with scripts/setup.sh); "
+                                                "`ssd-edge chat` works without it")
+
+
 @pytest.mark.parametrize("command,flags", [
     ("bench", ("-n", "--n-predict", "-k", "--draft-max", "-m", "-md", "--models-dir", "-c", "--temp", "--seed",
                "--quick", "--modes", "--settings", "--llama-tools", "--peer-k", "--no-calibrate", "bench.json",
@@ -330,7 +348,7 @@ def test_bench_and_calibrate_help_comes_from_typer(command, flags):
 def bench_args(monkeypatch) -> list[Any]:
     """The BenchArgs each `ssd-edge bench` call would run with."""
     seen: list[Any] = []
-    monkeypatch.setattr(cli, "run_bench", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(measuring, "run_bench", lambda args: seen.append(args) or 0)
     return seen
 
 
@@ -525,7 +543,7 @@ def test_pull_unknown_name_fetches_nothing(index, tmp_path):
     (OSError(errno.ENOSPC, "No space left on device"), 2, 4, "error: disk full while writing {dir}/tiny-a.gguf; "
      "nothing was kept"),
     (KeyboardInterrupt(), 2, 130, "interrupted: the partial download was removed; pull again to start over"),
-    (cli.Terminated(), 1, 143, "terminated: the partial download was removed; pull again to start over"),
+    (Terminated(), 1, 143, "terminated: the partial download was removed; pull again to start over"),
 ])
 def test_pull_failure_leaves_nothing(index, tmp_path, failure, fail_at, code, message):
     index.fail, index.fail_at = failure, fail_at

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ssd_edge.bench import run as bench
-from ssd_edge.cli.settings import engine_config, resolve
+from ssd_edge.settings import engine_config, resolve
 from ssd_edge.errors import ConfigError, RPCError
 from test_cli import clean_env, one_error, run  # noqa: F401 (clean_env: test_cli's autouse fixture, here too)
 
@@ -67,11 +67,11 @@ def test_unreachable_server_at_start_is_one_line_exit_7(tmp_path):
 def test_bench_takes_rpc(tmp_path, monkeypatch):
     """`ssd-edge bench --rpc` reaches the bench's engine configs: the target on the server with every
     layer, the draft here; and no calibration (a profile prices a target on this device)."""
-    from ssd_edge.cli import commands as cli
+    from ssd_edge.cli import commands as cli, measuring
     from ssd_edge.llama import backend
 
     seen = []
-    monkeypatch.setattr(cli, "run_bench", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(measuring, "run_bench", lambda args: seen.append(args) or 0)
     monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")
     t = tmp_path / "t.gguf"
     t.write_bytes(b"GGUF" + bytes(12))

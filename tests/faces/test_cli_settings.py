@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ssd_edge.cli import settings
-from ssd_edge.cli.settings import engine_config, resolve
+from ssd_edge import settings
+from ssd_edge.settings import engine_config, resolve
 from ssd_edge.config import split_threads
 from ssd_edge.errors import ConfigError
 from ssd_edge.models.catalog import load_catalog

@@ -19,7 +19,7 @@ import pytest
 import standin_hub
 import tiny_gguf
 from ssd_edge import engine as engine_module
-from ssd_edge.cli import commands as cli
+from ssd_edge.cli import loader
 from test_chat import one_word_engine
 from test_cli import one_error, run
 
@@ -254,7 +254,7 @@ def test_a_mismatched_pair_is_refused_before_loading(hub, monkeypatch):
 
 def test_a_hub_target_gets_the_smallest_fitting_draft_or_none(hub, monkeypatch):
     seen = []
-    monkeypatch.setattr(cli, "load_engine", lambda cfg, s: seen.append(cfg) or one_word_engine())
+    monkeypatch.setattr(loader, "load_engine", lambda cfg, s: seen.append(cfg) or one_word_engine())
     code, _, err = run(["generate", "-hf", "t/Tiny-7B-GGUF", "-n", "4", "hi"])
     assert code == 0, err
     assert err.count("no draft here fits t/Tiny-7B-GGUF: running without one") == 1

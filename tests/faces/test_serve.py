@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from fakes import FakeContext, FakeModel
-from ssd_edge.cli.settings import resolve
+from ssd_edge.settings import resolve
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
@@ -590,7 +590,7 @@ RUNNER = """
 import sys, threading
 sys.path[:0] = {paths!r}
 from {module} import fake_engine
-from ssd_edge.cli.settings import resolve
+from ssd_edge.settings import resolve
 from ssd_edge.cli.signals import terminate_as_interrupt
 from ssd_edge.server.runner import serve
 with terminate_as_interrupt():

@@ -2,7 +2,7 @@
 a generation during which that server is killed (SIGKILL: the connection resets) or frozen
 (SIGSTOP: it stops answering, the decode timeout must fire), then a local engine in the same
 process. Prints one JSON line. Its own process, because after a lost server llama.cpp's RPC
-threads stay parked until the process exits (ssd_edge/llama/backend.py).
+threads stay parked until the process exits (ssd_edge/llama/rpc_guard.py).
 
     python rpc_child.py kill|freeze SERVER_PID HOST:PORT TARGET DRAFT MODE
 """

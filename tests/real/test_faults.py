@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from conftest import make_engine
-from ssd_edge.cli import commands as cli
+from ssd_edge.cli import generation
 from ssd_edge.events import FinishEvent
 from ssd_edge.models import catalog
 from test_cli_real import clean_env
@@ -139,7 +139,7 @@ def test_ctrl_c_during_prespeculation_leaves_no_thread(small_pair, monkeypatch):
                 return False
 
         monkeypatch.setattr(sys, "stdout", InterruptingStdout())
-        code = cli._generate(engine, engine.config, "Once upon a time", None, 400, [], False, True)
+        code = generation.write_completion(engine, engine.config, "Once upon a time", None, 400, [], False, True)
         monkeypatch.undo()
         assert code == 130 and writes["n"] >= 3
         assert len(workers) == 1                           # the SSD worker was running when Ctrl-C came

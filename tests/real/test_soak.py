@@ -1,5 +1,5 @@
 """Soak: 200 back-to-back generations in one process on the small real pair,
-through the same path as `ssd-edge generate` (cli._generate: signal handling,
+through the same path as `ssd-edge generate` (generation.write_completion: signal handling,
 streaming, stats), mixing modes ar/sd/lookup/ssd, greedy and sampled, with
 some cancelled mid-way by a real SIGINT and some abandoned by the consumer
 (the generator closed early, as when stdout's reader goes away).
@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from conftest import make_engine
-from ssd_edge.cli import commands as cli
+from ssd_edge.cli import generation
 from ssd_edge.cli.signals import CancelOnSignal
 from ssd_edge.events import FinishEvent
 
@@ -34,7 +34,7 @@ N_WARMUP = 20
 
 
 class Sink:
-    """Stdout for cli._generate: counts writes, and can press Ctrl-C at the n-th one."""
+    """Stdout for generation.write_completion: counts writes, and can press Ctrl-C at the n-th one."""
 
     peak_threads = 0  # the most Python threads seen while text streamed (the SSD worker included)
 
@@ -74,7 +74,7 @@ def one_run(engine, i: int) -> str:
     real_stdout = sys.stdout
     sys.stdout = Sink(interrupt_at=2 if kind == "sigint" else None)
     try:
-        code = cli._generate(engine, engine.config, prompt, None, max_tokens, [], False, True)
+        code = generation.write_completion(engine, engine.config, prompt, None, max_tokens, [], False, True)
     finally:
         sys.stdout = real_stdout
     if kind == "complete":

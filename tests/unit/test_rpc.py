@@ -195,9 +195,9 @@ def test_find_server_prefers_explicit_then_env(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the guard around calls that wait on a server
 
 def _state():
-    from ssd_edge.llama.backend import _RpcState  # importing backend loads no library
+    from ssd_edge.llama.rpc_guard import RpcGuard  # importing the guard loads no library
 
-    return _RpcState()
+    return RpcGuard()
 
 
 EP = [Endpoint("127.0.0.1", 50052)]

@@ -1,4 +1,4 @@
-"""Command-line settings: one table of options, four layers, one EngineConfig.
+"""Settings from outside: one table of options, four layers, one EngineConfig.
 
 Every option shared by `generate`, `chat`, `tui` and `serve` is listed once in
 OPTIONS (flag names follow llama.cpp where they overlap); `bench` and
@@ -14,6 +14,10 @@ flags. A value comes from the first layer that sets it:
 `resolve()` layers the values and remembers where each came from, so an error
 can say "invalid --temp -1 (from SSD_EDGE_TEMP): must be at least 0";
 `engine_config()` turns them into a validated EngineConfig.
+
+The faces share it: the command line (cli/) declares its flags from OPTIONS, the
+server (server/) checks its settings and requests with it. It reads the catalog
+for the default model pair, so it sits beside models/, below every face.
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from typing import Any, Mapping
 import platformdirs
 from pydantic import ValidationError
 
-from .. import paths
-from ..config import MODES, EngineConfig, split_threads, usable_cores
-from ..errors import ConfigError
-from ..models.catalog import load_catalog
-from ..models.derive import default_draft
+from . import paths
+from .config import MODES, EngineConfig, parse_endpoints, split_threads, usable_cores
+from .errors import ConfigError
+from .models.catalog import load_catalog
+from .models.derive import default_draft
 
 try:  # Python 3.11+
     import tomllib
@@ -296,8 +300,6 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
 
 def _rpc_endpoints(s: Settings) -> list[str]:
     """--rpc (llama.cpp's comma-separated form) as a list of 'HOST:PORT'."""
-    from ..config import parse_endpoints
-
     try:
         return [str(e) for e in parse_endpoints(s["rpc"])]
     except ConfigError as e:

@@ -1,0 +1,194 @@
+"""ssd-edge generate, chat and tui: the commands that load an engine and talk with it on this terminal.
+
+The TUI is a face of its own (the folder tui/): it is found by its entry point, group "ssd_edge.faces",
+name "tui" (pyproject.toml), so nothing in ssd_edge imports it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from importlib.metadata import entry_points
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .. import settings
+from ..config import EngineConfig
+from ..errors import ConfigError, SSDEdgeError
+from ..events import FinishEvent, TokenEvent
+from . import loader, sources
+from .app import ENGINE_OPTIONS, EPILOG, app, with_options
+from .reporting import EXIT_CONTEXT_FULL, reported, stderr
+from .signals import EXIT_INTERRUPTED, CancelOnSignal
+from .stats_text import stats_line
+
+log = logging.getLogger("ssd_edge.cli")
+
+FACES = "ssd_edge.faces"  # the entry-point group of the faces installed beside the package
+
+
+def read_prompt(prompt: str | None) -> str:
+    """The prompt argument, or stdin (strict UTF-8; one trailing newline dropped) when it is omitted or '-'."""
+    if prompt is not None and prompt != "-":
+        if not prompt.strip():
+            raise ConfigError("the prompt is empty")
+        return prompt
+    stdin = sys.stdin
+    if stdin is None or stdin.isatty():
+        raise ConfigError('give a PROMPT, or pipe one on stdin (echo "def fib(n):" | ssd-edge generate)')
+    data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"the prompt on stdin is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset "
+                          f"{e.start}, line {line})") from None
+    if not text.strip():
+        raise ConfigError("the prompt on stdin is empty")
+    return text[:-1] if text.endswith("\n") else text
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def generate(
+    prompt: Annotated[Optional[str], typer.Argument(help="the prompt; omit it or give - to read it from stdin",
+                                                    show_default=False)] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt as a user message in the model's chat "
+                                       "template (default: the prompt is plain text to continue)")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="a system message (implies --chat)",
+                                                  show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object (text, token ids, stop_reason, "
+                                           "stats) instead of streaming")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no stats line on stderr")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """Stream a completion of PROMPT to stdout (stats on stderr)."""
+    with reported(flags):
+        s = sources.with_hub_models(settings.resolve(flags))
+        text = read_prompt(prompt)
+        cfg = settings.engine_config(s)
+        max_tokens = s.max_tokens(256, cfg.n_ctx)
+        messages = None
+        if chat or system is not None:
+            messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        engine = loader.load_engine(cfg, s)
+        try:
+            code = write_completion(engine, cfg, text, messages, max_tokens, s["stop"] or [], json_out, quiet)
+        finally:
+            engine.close()
+    raise typer.Exit(code)
+
+
+def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str, str]] | None, max_tokens: int,
+              stop: list[str], json_out: bool, quiet: bool) -> int:
+    err = stderr()
+    out = sys.stdout
+    tokens = engine.prompt_tokens(None if messages else text, messages)
+    log.debug("processing the prompt: %d tokens, mode %s", len(tokens), cfg.mode)
+    cancel = threading.Event()
+    finish: FinishEvent | None = None
+    state: str | None = None
+    with CancelOnSignal(cancel) as sig:
+        events = engine.generate(tokens=tokens, max_tokens=max_tokens, stop=stop, cancel=cancel)
+        try:
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    state = ev.live.state
+                    if ev.text and not json_out:
+                        out.write(ev.text)
+                        out.flush()
+                else:
+                    finish = ev
+        finally:
+            events.close()  # on any exit: the engine's finally joins its worker thread
+    assert finish is not None
+    if json_out:
+        out.write(json.dumps({
+            "text": finish.text, "tokens": list(finish.tokens), "prompt_tokens": len(tokens),
+            "stop_reason": finish.stop_reason, "message": finish.message, "mode": cfg.mode,
+            "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats.to_dict(),
+        }, ensure_ascii=False) + "\n")
+    else:
+        if finish.tail:
+            out.write(finish.tail)
+        if out.isatty() and not finish.text.endswith("\n"):
+            out.write("\n")
+    out.flush()
+    if not quiet:
+        err.print(stats_line(finish.stats, state), soft_wrap=True)
+    if finish.stop_reason == "cancelled":
+        err.print("[yellow]interrupted[/]" if sig.exit_code == EXIT_INTERRUPTED else "[yellow]terminated[/]")
+        return sig.exit_code
+    if finish.stop_reason == "context":
+        err.print(f"[yellow]stopped:[/] {escape(finish.message or 'the context is full')} (raise -c/--ctx-size)")
+        return EXIT_CONTEXT_FULL
+    return 0
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def chat(
+    system: Annotated[Optional[str], typer.Option("--system", help="the system prompt", show_default=False)] = None,
+    *, flags: dict[str, Any],
+) -> None:
+    """Chat in the terminal: streaming answers, a stats line after each, /help for commands.
+
+    Reads a here-doc or a pipe as well as a terminal. Ctrl-C stops an answer, Ctrl-D quits."""
+    from .chat import ChatSession, stream_reader, terminal_reader
+
+    with reported(flags):
+        s = sources.with_hub_models(settings.resolve(flags))
+        cfg = settings.engine_config(s)
+        max_tokens = s.max_tokens(-1, cfg.n_ctx)
+        console = Console(highlight=False, soft_wrap=True)  # the terminal wraps; rich would break streamed words
+        if sys.stdin.isatty():
+            read = terminal_reader(console)
+        else:
+            if hasattr(sys.stdin, "reconfigure"):
+                sys.stdin.reconfigure(encoding="utf-8", errors="strict")
+            read = stream_reader(sys.stdin, console)
+        engine = loader.load_engine(cfg, s)
+        try:
+            session = ChatSession(engine, console, max_tokens=max_tokens, stop=s["stop"] or [], system=system,
+                                  title=loader.describe(cfg))
+            code = session.run(read)
+        finally:
+            engine.close()
+    raise typer.Exit(code)
+
+
+@app.command(epilog=EPILOG)
+@with_options(ENGINE_OPTIONS)
+def tui(*, flags: dict[str, Any]) -> None:
+    """The full-screen terminal app (also what `ssd-edge` alone starts)."""
+    open_tui(flags)
+
+
+def open_tui(flags: dict[str, Any]) -> None:
+    with reported(flags):
+        s = sources.with_hub_models(settings.resolve(flags))
+        cfg = settings.engine_config(s)
+        sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)
+        run_app = installed_face("tui")
+        code = run_app(cfg, str(s.models_dir), calibrate=not s["no_calibrate"],
+                       max_tokens=s.max_tokens(512, cfg.n_ctx))
+    raise typer.Exit(code if isinstance(code, int) else 0)
+
+
+def installed_face(name: str) -> Callable[..., Any]:
+    """The face NAME's entry function, found by its entry point (e.g. tui = "tui.app:run_app")."""
+    found = [ep for ep in entry_points(group=FACES) if ep.name == name]
+    if not found:
+        raise SSDEdgeError(f"the terminal app is not available (no entry point '{name}' in group {FACES}: "
+                           "reinstall with scripts/setup.sh); `ssd-edge chat` works without it")
+    try:
+        return found[0].load()
+    except ModuleNotFoundError as e:
+        module = found[0].module
+        if e.name is None or not (module == e.name or module.startswith(e.name + ".")):
+            raise  # the face is there, a module it needs is not: not "not available"
+        raise SSDEdgeError(f"the terminal app is not available ({e}); `ssd-edge chat` works without it") from None
