@@ -1,8 +1,8 @@
 """Vocabularies read from GGUF headers, and whether a draft fits a target, before either is loaded.
 
 A draft proposes token ids that the target verifies, so the two must mean the same text by the
-same id. What is read from each file's header (the `gguf` package memory-maps it; no weights are
-read, llama.cpp is not involved):
+same id. What is read from each file's header (memory-mapped and parsed here in one pass, see
+`_header`; no weights are read, llama.cpp is not involved):
 
     size        the length of tokenizer.ggml.tokens
     digest      sha256 of the token list (each token's bytes, length-prefixed)
@@ -19,6 +19,8 @@ the ones used, so the output is unchanged; `fit` says so in its notes.
 from __future__ import annotations
 
 import hashlib
+import mmap
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,41 +58,86 @@ def _digest(tokens: tuple[bytes, ...] | list[bytes]) -> str:
 
 def read(path: Path | str) -> Vocab:
     """The vocabulary in the header of the GGUF file `path` (a split model's first shard holds it)."""
-    import gguf
-
     path = Path(path)
     try:
         with open(path, "rb") as f:
             magic = f.read(4)
+            if magic != GGUF_MAGIC:
+                raise NotGGUFError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                fields = _header(data, KEYS)
     except FileNotFoundError:
         raise CorruptModelError(f"model file not found: {path}") from None
-    if magic != GGUF_MAGIC:
-        raise NotGGUFError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
-    try:
-        reader = gguf.GGUFReader(path)
-    except (ValueError, IndexError, OSError) as e:
-        raise CorruptModelError(f"cannot read the GGUF header of {path}: {e}") from None
-    keys = gguf.Keys.Tokenizer
-    fields = reader.fields
-    if keys.LIST not in fields:
-        raise CorruptModelError(f"{path} has no token list ({keys.LIST}) in its header")
-    tok_field = fields[keys.LIST]
-    tokens = tuple(bytes(tok_field.parts[i]) for i in tok_field.data)
-
-    def scalar(key: str) -> object | None:
-        f = fields.get(key)
-        return f.contents() if f is not None else None
-
-    template = scalar(keys.CHAT_TEMPLATE)
-    return Vocab(path=path, tokenizer=str(scalar(keys.MODEL) or "unknown"), pre=_str_or_none(scalar(keys.PRE)),
-                 size=len(tokens), digest=_digest(tokens), bos=_int_or_none(scalar(keys.BOS_ID)),
-                 eos=_int_or_none(scalar(keys.EOS_ID)),
-                 template=hashlib.sha256(str(template).encode()).hexdigest() if template is not None else None,
-                 tokens=tokens)
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError) as e:
+        raise CorruptModelError(f"cannot read the GGUF header of {path} (truncated or damaged: {e})") from None
+    if "tokenizer.ggml.tokens" not in fields:
+        raise CorruptModelError(f"{path} has no token list (tokenizer.ggml.tokens) in its header")
+    tokens = tuple(fields["tokenizer.ggml.tokens"])
+    template = fields.get("tokenizer.chat_template")
+    return Vocab(path=path, tokenizer=_text(fields.get("tokenizer.ggml.model")) or "unknown",
+                 pre=_text(fields.get("tokenizer.ggml.pre")), size=len(tokens), digest=_digest(tokens),
+                 bos=_int_or_none(fields.get("tokenizer.ggml.bos_token_id")),
+                 eos=_int_or_none(fields.get("tokenizer.ggml.eos_token_id")),
+                 template=hashlib.sha256(template).hexdigest() if template is not None else None, tokens=tokens)
 
 
-def _str_or_none(v: object) -> str | None:
-    return str(v) if v is not None else None
+KEYS = frozenset({"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.bos_token_id",
+                  "tokenizer.ggml.eos_token_id", "tokenizer.chat_template"})
+# GGUF value types (gguf.GGUFValueType): struct format of the fixed-size ones; 8 string, 9 array
+_FIXED = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def _header(data: mmap.mmap, wanted: frozenset[str]) -> dict[str, object]:
+    """The `wanted` keys of a GGUF (v2/v3) header's key-value section, read in one pass without the
+    gguf package's per-element objects (which take ~10 s for a 150k-token list on a small CPU):
+    strings as bytes, a string array as a list of bytes, numbers as numbers; other keys skipped."""
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    if version < 2:
+        raise ValueError(f"GGUF version {version} (ssd-edge reads 2 and 3)")
+    pos, out = 24, {}
+    for _ in range(n_kv):
+        (n,) = struct.unpack_from("<Q", data, pos)
+        key = data[pos + 8:pos + 8 + n].decode()
+        (vtype,) = struct.unpack_from("<I", data, pos + 8 + n)
+        pos += 12 + n
+        value, pos = _value(data, pos, vtype, key in wanted)
+        if key in wanted:
+            out[key] = value
+    return out
+
+
+def _value(data: mmap.mmap, pos: int, vtype: int, keep: bool) -> tuple[object, int]:
+    if vtype in _FIXED:
+        return struct.unpack_from(_FIXED[vtype], data, pos)[0], pos + struct.calcsize(_FIXED[vtype])
+    if vtype == _STRING:
+        (n,) = struct.unpack_from("<Q", data, pos)
+        return data[pos + 8:pos + 8 + n], pos + 8 + n
+    if vtype != _ARRAY:
+        raise ValueError(f"unknown GGUF value type {vtype}")
+    item, count = struct.unpack_from("<IQ", data, pos)
+    pos += 12
+    if item in _FIXED:  # numbers: skipped whole (a vocabulary's scores and token types)
+        size = struct.calcsize(_FIXED[item])
+        return (list(struct.unpack_from(f"<{count}{_FIXED[item][1]}", data, pos)) if keep else None), pos + count * size
+    if item != _STRING:
+        items = []
+        for _ in range(count):
+            v, pos = _value(data, pos, item, keep)
+            items.append(v)
+        return items, pos
+    strings: list[bytes] = []
+    unpack = struct.Struct("<Q").unpack_from
+    for _ in range(count):
+        (n,) = unpack(data, pos)
+        if keep:
+            strings.append(data[pos + 8:pos + 8 + n])
+        pos += 8 + n
+    return (strings if keep else None), pos
+
+
+def _text(v: object) -> str | None:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else None
 
 
 def _int_or_none(v: object) -> int | None:
