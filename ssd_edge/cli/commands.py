@@ -1,7 +1,9 @@
 """ssd-edge on the command line.
 
     ssd-edge models list [--json]         catalog models, and which are here
-    ssd-edge models pull [NAME...]        fetch models (default: the default pair)
+    ssd-edge models pull [NAME...]        fetch models (default: the default pair; hf:ORG/REPO[:QUANT] from the Hub)
+    ssd-edge models pair TARGET           the drafts here that fit TARGET, smallest first
+    ssd-edge models rm NAME...            delete pulled models
     ssd-edge models derive-draft [NAME]   requantize a draft on this device (faster on AVX-512 CPUs)
     ssd-edge generate "PROMPT"            stream a completion (PROMPT omitted or -: read stdin)
     ssd-edge chat                         chat in the terminal

@@ -20,7 +20,7 @@ from .. import settings
 from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from . import loader
+from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal
@@ -68,7 +68,7 @@ def generate(
 ) -> None:
     """Stream a completion of PROMPT to stdout (stats on stderr)."""
     with reported(flags):
-        s = settings.resolve(flags)
+        s = sources.with_hub_models(settings.resolve(flags))
         text = read_prompt(prompt)
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(256, cfg.n_ctx)
@@ -141,7 +141,7 @@ def chat(
     from .chat import ChatSession, stream_reader, terminal_reader
 
     with reported(flags):
-        s = settings.resolve(flags)
+        s = sources.with_hub_models(settings.resolve(flags))
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(-1, cfg.n_ctx)
         console = Console(highlight=False, soft_wrap=True)  # the terminal wraps; rich would break streamed words
@@ -170,8 +170,9 @@ def tui(*, flags: dict[str, Any]) -> None:
 
 def open_tui(flags: dict[str, Any]) -> None:
     with reported(flags):
-        s = settings.resolve(flags)
+        s = sources.with_hub_models(settings.resolve(flags))
         cfg = settings.engine_config(s)
+        sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)
         run_app = installed_face("tui")
         code = run_app(cfg, str(s.models_dir), calibrate=not s["no_calibrate"],
                        max_tokens=s.max_tokens(512, cfg.n_ctx))

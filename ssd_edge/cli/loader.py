@@ -9,6 +9,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from ..settings import Settings
+from . import sources
 from .reporting import stderr
 
 log = logging.getLogger("ssd_edge.cli")
@@ -27,6 +28,7 @@ def describe(cfg: EngineConfig) -> str:
 def load_engine(cfg: EngineConfig, s: Settings) -> Any:
     from ..engine import Engine  # loads llama.cpp: not needed by `models` or `--help`
 
+    sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)  # before loading
     log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
     with stderr().status(f"loading {describe(cfg)}…"):
         engine = Engine(cfg, models_dir=str(s.models_dir))

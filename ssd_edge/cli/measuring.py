@@ -13,6 +13,7 @@ from ..bench.run import BENCH_MODES, BenchArgs, comma_list
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
 from ..errors import ConfigError
+from . import sources
 from .app import app, with_options
 from .reporting import reported
 
@@ -30,7 +31,7 @@ same here.
 
 _DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default: the catalog's default draft, as its q4_0 "
                   "variant once derived)")
-BENCH_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
+BENCH_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
                  "no_calibrate", "rpc", "verbose", "debug"]
 BENCH_HELP = {
     "model_draft": _DEFAULT_DRAFT,
@@ -45,7 +46,7 @@ BENCH_HELP = {
     "rpc": "HOST:PORT[,...]: the target's layers on these llama.cpp rpc-servers, the draft here (no calibration; "
            "the llama.cpp peer column stays local: add --no-peer)",
 }
-CALIBRATE_OPTIONS = ["model", "model_draft", "models_dir", "n_predict", "verbose", "debug"]
+CALIBRATE_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "verbose", "debug"]
 CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
                   "n_predict": "tokens per acceptance-probe generation (default 48; --quick: 24)"}
 
@@ -105,6 +106,7 @@ def bench(
     and bench.png, and prints the summary tables. llama.cpp's own speculative decoding runs beside them when
     llama-speculative-simple is found (scripts/build_llama_tools.sh)."""
     with reported(flags):
+        flags = sources.flags_with_hub_models(flags)
         f = {k: v for k, v in flags.items() if v is not None and v is not False}
         n = _old_name(flags, "n_predict", "--max-tokens", max_tokens)
         args = BenchArgs(
@@ -150,6 +152,7 @@ def calibrate(
     from ..bench.calibrate import main as calibrate_main
 
     with reported(flags):
+        flags = sources.flags_with_hub_models(flags)
         n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)
         code = calibrate_main(flags["model"], flags["model_draft"], flags["models_dir"], k_max=k_max, reps=reps,
                               probe_tokens=48 if n is None else n, quick=quick, show=show, json_out=json_out,

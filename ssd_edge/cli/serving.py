@@ -15,7 +15,7 @@ from rich.markup import escape
 from .. import settings
 from ..errors import SSDEdgeError
 from ..models import catalog
-from . import loader
+from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import reported, stderr
 
@@ -32,7 +32,7 @@ def serve(*, flags: dict[str, Any]) -> None:
     from ..server.runner import serve as run_server
 
     with reported(flags):
-        s = settings.resolve(flags)
+        s = sources.with_hub_models(settings.resolve(flags))
         label = loader.model_label(s["model"] or catalog.load_catalog().default_target)
         code = run_server(s, loader.load_engine, label, lambda line: stderr().print(escape(line)))
     raise typer.Exit(code)

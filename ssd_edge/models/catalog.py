@@ -119,9 +119,13 @@ def split_variant(name: str) -> tuple[str, str | None]:
 
 
 def resolve_model(name_or_path: str | os.PathLike[str], models_dir: Path | None = None) -> Path:
-    """A catalog name (NAME, or NAME:KIND for a derived variant) or a path to a GGUF file -> the
-    path of a file that exists."""
+    """A catalog name (NAME, or NAME:KIND for a derived variant), a pulled Hub model
+    (hf:ORG/REPO[:QUANT]) or a path to a GGUF file -> the path of a file that exists."""
     text = os.fspath(name_or_path)
+    if text.startswith("hf:"):
+        from . import hub
+
+        return hub.resolve(text, models_dir)
     candidate = Path(text).expanduser()
     if candidate.exists() or text.endswith(".gguf") or os.sep in text:
         if not candidate.exists():

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ..errors import FetchError
-from . import catalog
+from ..errors import FetchError, ModelNotFoundError
+from . import catalog, hub
 
 
 def problem(m: catalog.CatalogModel, path: Path) -> str | None:
@@ -32,7 +32,8 @@ def problem(m: catalog.CatalogModel, path: Path) -> str | None:
 
 
 def models_listing(cat: catalog.Catalog, models_dir: Path) -> list[dict[str, Any]]:
-    """One entry per catalog model, and per variant `models derive-draft` made here (`models list --json`)."""
+    """One entry per catalog model, per variant `models derive-draft` made here, and per model pulled
+    from the Hugging Face Hub (role "hub"; `models list --json`)."""
     out: list[dict[str, Any]] = []
     for m in cat.models:
         path = catalog.model_path(m, models_dir)
@@ -46,6 +47,10 @@ def models_listing(cat: catalog.Catalog, models_dir: Path) -> list[dict[str, Any
                 out.append({"name": f"{m.name}:{kind}", "role": m.role, "default": False, "derived": True,
                             "size": path.stat().st_size, "present": True, "problem": None, "file": path.name,
                             "path": str(path)})
+    for h in hub.cached_models(models_dir):
+        out.append({"name": h.name, "role": "hub", "default": False, "derived": False, "size": h.size,
+                    "present": True, "problem": None, "file": h.path.name, "path": str(h.path),
+                    "repo": h.repo, "quant": h.quant, "commit": h.commit, "files": len(h.files)})
     return out
 
 
@@ -115,3 +120,51 @@ def pull_one(model: catalog.CatalogModel, models_dir: Path, verify: bool, out: C
                 progress.update(task, description=label if wide else label.split(" (")[0], advance=nbytes)
             path, fetched = catalog.pull(model, models_dir, progress=on_progress, verify=verify)
     out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here, verified'}: {path}")
+
+
+def pull_hub_one(name: str, models_dir: Path, verify: bool, out: Console | None, err: Console) -> hub.HubModel:
+    """Pull a Hub model (`hf:ORG/REPO[:QUANT]`) into the cache, resuming a partial download, with a
+    bar on a terminal or a line per file in a log; `out` gets the result line (None: no line)."""
+    started: set[str] = set()
+    if not err.is_terminal:
+        def log_file(label: str, nbytes: int, total: int) -> None:
+            if label not in started:
+                started.add(label)
+                err.print(f"{label} … ({total / 1e6:,.1f} MB in all)")
+        model, fetched = hub.pull(name, models_dir, progress=log_file, verify=verify)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), DownloadColumn(),
+                   TransferSpeedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=err, transient=True) as progress:
+            task = progress.add_task(name, total=None)
+
+            def on_progress(label: str, nbytes: int, total: int) -> None:
+                progress.update(task, description=label, total=total, advance=nbytes)
+            model, fetched = hub.pull(name, models_dir, progress=on_progress, verify=verify)
+    if out is not None:
+        shards = f", {len(model.files)} files" if len(model.files) > 1 else ""
+        checked = ", sha256 checked" if fetched or verify else ""
+        out.print(f"[green]✓[/] {model.name} {'pulled' if fetched else 'is already here'} "
+                  f"({model.size / 1e6:,.0f} MB{shards}{checked}): {model.path}")
+    return model
+
+
+def remove(name: str, models_dir: Path) -> list[Path]:
+    """Delete a pulled model: hf:ORG/REPO:QUANT (or a whole hf:ORG/REPO), a catalog name (its file and
+    verification stamp), or NAME:KIND (a derived variant and its provenance note). The files removed."""
+    if hub.is_hub_name(name):
+        return hub.remove(name, models_dir)
+    base, kind = catalog.split_variant(name)
+    model = catalog.load_catalog().get(base)
+    if kind is not None:
+        path = catalog.derived_path(model, kind, models_dir)
+        extra = path.with_name(path.name + ".json")
+    else:
+        path = catalog.model_path(model, models_dir)
+        extra = path.with_name(path.name + ".verified")
+    if not path.exists():
+        raise ModelNotFoundError(f"{name} is not here ({path})")
+    removed = [p for p in (path, extra) if p.exists()]
+    for p in removed:
+        p.unlink()
+    return removed
