@@ -1,4 +1,4 @@
-"""ssd-edge models list, pull and derive-draft: the catalog's models, fetched and checked, and drafts
+"""ssd-edge models list, pull, derive and derive-draft: the catalog's models, fetched and checked, and drafts
 requantized on this device."""
 
 from __future__ import annotations
@@ -147,6 +147,26 @@ def models_derive_draft(
     """Requantize a pulled draft on this device (a few seconds). Use it as -md NAME:TYPE; the default
     draft's q4_0 variant becomes the default draft once it exists. On CPUs with AVX-512, llama.cpp
     decodes Q4_0 faster than Q4_K_M; the draft's quantization never changes the output, only speed."""
+    _derive(name, kind, force, flags)
+
+
+@models_app.command("derive")
+@with_options(FILE_OPTIONS)
+def models_derive(
+    name: Annotated[Optional[str], typer.Argument(help="catalog name (default: the default target)",
+                                                  show_default=False)] = None,
+    kind: Annotated[str, typer.Option("--type", help=f"type: {', '.join(catalog.DERIVED_KINDS)}")] = "bf16",
+    force: Annotated[bool, typer.Option("--force", help="derive again even if the file is here")] = False,
+    *, flags: dict[str, Any],
+) -> None:
+    """Convert a pulled model to another type on this device. A 4-bit target converted to bf16, f16 or
+    q8_0 is a measuring stand-in, labelled so wherever it is shown: 4-bit quality at 16- or 8-bit cost,
+    whose verify of several tokens costs about one step, as on GPUs. `ssd-edge bench --stand-in bf16`
+    measures that regime beside this CPU's. Use it as -m NAME:TYPE."""
+    _derive(name or catalog.load_catalog().default_target, kind, force, flags)
+
+
+def _derive(name: str | None, kind: str, force: bool, flags: dict[str, Any]) -> None:
     from ..models import derive
 
     with reported(flags):
@@ -160,3 +180,5 @@ def models_derive_draft(
             path, made = derive.derive(name, kind, s.models_dir, force)
         size = path.stat().st_size / 1e6
         out.print(f"{'✓ derived' if made else '✓ already here:'} {name}:{kind} ({size:,.0f} MB): {path}")
+        if derive.is_stand_in_file(path):
+            out.print(f"note: {name}:{kind} is {derive.STAND_IN_NOTE}", markup=False)

@@ -1,4 +1,4 @@
-"""Requantizing a GGUF file on this device (`ssd-edge models derive-draft`): llama_model_quantize."""
+"""Converting a GGUF file to another type on this device (`ssd-edge models derive`): llama_model_quantize."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from ..errors import CorruptModelError
 from .library import init, ll
 
 # `ssd-edge models derive-draft --type` -> llama.cpp's file type (attribute names: llama_cpp loads on first use)
-QUANT_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+QUANT_TYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_1": "LLAMA_FTYPE_MOSTLY_Q4_1", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+               "f16": "LLAMA_FTYPE_MOSTLY_F16", "bf16": "LLAMA_FTYPE_MOSTLY_BF16"}
 
 
 def quantize(src: Path, dst: Path, kind: str, threads: int = 0) -> None:

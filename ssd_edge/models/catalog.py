@@ -104,11 +104,21 @@ def model_path(model: CatalogModel, models_dir: Path | None = None) -> Path:
     return paths.models_dir(models_dir) / model.file
 
 
-DERIVED_KINDS = ("q4_0", "q4_1", "q8_0")  # what `ssd-edge models derive-draft --type` can make
+DERIVED_KINDS = ("q4_0", "q4_1", "q8_0", "f16", "bf16")  # what `ssd-edge models derive --type` can make
+# Bits per weight of each kind (of a catalog file's quantization too): a variant with more bits than
+# its source holds no more information, only costs more to run. It is a measuring stand-in: the
+# memory-bound regime (a verify of several tokens costing about one step, as on GPUs) on this device.
+BITS = {"q4_0": 4.5, "q4_1": 5.0, "q4_k_m": 4.8, "q5_k_m": 5.7, "q6_k": 6.6, "q8_0": 8.5, "f16": 16.0, "bf16": 16.0}
+
+
+def is_stand_in(model: "CatalogModel", kind: str) -> bool:
+    """Whether `model` converted to `kind` gains bits it cannot have: a stand-in for measuring only."""
+    source = next((q for q in BITS if q in model.file.lower().replace("-", "_")), None)
+    return source is not None and BITS[kind] > BITS[source] + 0.5
 
 
 def derived_path(model: CatalogModel, kind: str, models_dir: Path | None = None) -> Path:
-    """Where `ssd-edge models derive-draft` keeps `model` requantized to `kind` (beside the original)."""
+    """Where `ssd-edge models derive` keeps `model` converted to `kind` (beside the original)."""
     return paths.models_dir(models_dir) / f"{Path(model.file).stem}.{kind}.gguf"
 
 
@@ -140,7 +150,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], models_dir: Path | None 
             raise ModelNotFoundError(f"unknown variant '{kind}' of {name}: choose one of {', '.join(DERIVED_KINDS)}")
         path = derived_path(model, kind, models_dir)
         if not path.exists():
-            raise ModelNotFoundError(f"model '{text}' is not derived yet: run `ssd-edge models derive-draft {name} "
+            raise ModelNotFoundError(f"model '{text}' is not derived yet: run `ssd-edge models derive {name} "
                                      f"--type {kind}` ({path})")
         return path
     path = model_path(model, models_dir)

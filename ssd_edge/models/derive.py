@@ -1,4 +1,11 @@
-"""Derived drafts: a catalog draft requantized on this device (`ssd-edge models derive-draft`).
+"""Derived variants: a catalog model converted to another type on this device (`ssd-edge models derive`).
+
+Two uses. A faster draft (below). And a measuring stand-in: the target converted to bf16, f16 or
+q8_0 from its 4-bit file has 4-bit quality at 16- or 8-bit cost, which on a CPU makes its verify
+of several tokens cost little more than one step, the memory-bound regime of GPUs and Apple
+silicon (FIELD_NOTES, "Two regimes"). Its provenance note and every listing that shows it say
+so: it is for measuring speculation's other regime on this machine, not a model to use.
+
 
 llama.cpp's CPU kernels for Q4_0 are faster than its Q4_K ones on x86 with AVX-512 (FIELD_NOTES:
 the 0.5B draft decodes 20% faster at 1 thread, 12% at 2), and a faster draft makes every draft
@@ -45,11 +52,24 @@ def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force:
     finally:
         tmp.unlink(missing_ok=True)  # a failure or Ctrl-C leaves no half-written file
     note = {"source": model.name, "source_file": model.file, "source_sha256": model.sha256, "type": kind,
+            **({"stand_in": True, "note": STAND_IN_NOTE} if catalog.is_stand_in(model, kind) else {}),
             "size": dst.stat().st_size, "llama_cpp_python": llama_cpp_version(),
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "seconds": round(time.perf_counter() - t0, 2)}
     provenance_path(dst).write_text(json.dumps(note, indent=2) + "\n")
     return dst, True
+
+
+STAND_IN_NOTE = ("a measuring stand-in, not a model to use: converted from a lower-precision file, it has that file's "
+                 "quality at this type's cost (the memory-bound regime, measurable on a CPU)")
+
+
+def is_stand_in_file(path: Path) -> bool:
+    """Whether a model file is a derived measuring stand-in (its provenance note says so)."""
+    try:
+        return bool(json.loads(provenance_path(path).read_text()).get("stand_in"))
+    except (OSError, ValueError):
+        return False
 
 
 def default_draft(models_dir: Path | None = None) -> str:

@@ -45,6 +45,7 @@ def models_listing(cat: catalog.Catalog, models_dir: Path) -> list[dict[str, Any
             path = catalog.derived_path(m, kind, models_dir)
             if path.exists():
                 out.append({"name": f"{m.name}:{kind}", "role": m.role, "default": False, "derived": True,
+                            "stand_in": catalog.is_stand_in(m, kind),
                             "size": path.stat().st_size, "present": True, "problem": None, "file": path.name,
                             "path": str(path)})
     for h in hub.cached_models(models_dir):
@@ -59,7 +60,8 @@ def models_table(listing: list[dict[str, Any]]) -> Table:
     for col in ("name", "role", "size", "present", "file"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for e in listing:
-        role = e["role"] + (", derived" if e["derived"] else " (default)" if e["default"] else "")
+        role = e["role"] + (", stand-in for measuring, not for use" if e.get("stand_in") else ", derived"
+                            if e["derived"] else " (default)" if e["default"] else "")
         present = "[green]yes[/]" if e["present"] else f"[red]{e['problem']}[/]" if e["problem"] else "[dim]no[/]"
         table.add_row(e["name"], role, f"{e['size'] / 1e6:,.0f} MB", present, e["file"])
     return table

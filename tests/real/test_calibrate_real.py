@@ -18,7 +18,7 @@ def test_calibration_measures_saves_and_auto_uses_it(small_pair, tmp_path, monke
     eng = make_engine(small_pair, mode="sd")
     try:
         steps = []
-        prof, measured = calibrate.ensure_profile(eng, k_max=2, reps=1, probe_tokens=8, overlap_s=0.2,
+        prof, measured = calibrate.ensure_profile(eng, k_max=2, reps=1, probe_tokens=8, pairs=2,
                                                   progress=lambda what, frac: steps.append(frac))
         assert measured and steps[-1] == 1.0 and steps == sorted(steps)
         cores = profile.device_info().cores
