@@ -79,10 +79,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Skips CI accepts: test node id (without parameters) -> why the skip is legitimate. Keep it short;
 # a test that cannot run in CI is a test CI does not have.
-SKIP_ALLOWED: dict[str, str] = {
-    "tests/faces/test_tui_snapshot.py::test_main_screen_matches_snapshot":
-        "only with SSD_EDGE_UPDATE_SNAPSHOTS=1, when the run writes the snapshot instead of comparing it",
-}
+SKIP_ALLOWED: dict[str, str] = {}  # empty: every test of every layer runs in CI
 LAYER_SKIP = "the {layer} layer runs with "  # the prefix of a layer's own skip reason (not a silent skip)
 
 
