@@ -26,6 +26,6 @@ done
 
 start=$(date +%s)
 status=0
-"$root/.venv/bin/python" -m pytest "${layers[@]}" --durations=15 "${args[@]}" || status=$?
+"$root/.venv/bin/python" -m pytest "${layers[@]}" --no-silent-skip --durations=15 "${args[@]}" || status=$?
 echo "scripts/test.sh: tests took $(( $(date +%s) - start )) s (setup.sh not counted), exit status $status"
 exit "$status"

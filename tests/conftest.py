@@ -13,6 +13,10 @@ Qwen pair, `--full` both with the long lossless protocol (every prompt, every
 mode, 128 tokens). A test is in the real or default_pair layer by its folder,
 or by its `real` / `default_pair` marker where a file of a fast folder still
 holds one. The time each layer took is printed at the end.
+
+`--no-silent-skip` (scripts/test.sh passes it, so CI runs with it): every skipped test is
+listed at the end, and a skip not named in SKIP_ALLOWED (with its reason) fails the run.
+A layer left out on purpose (no --real) is not a silent skip and is not listed.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--full", action="store_true",
                     help="the release check: --real --default-pair, and the lossless tests run every prompt "
                          "in every mode at 128 tokens")
+    group.addoption("--no-silent-skip", action="store_true",
+                    help="list every skip at the end and fail the run on one not in SKIP_ALLOWED (CI)")
 
 
 def _layer(item: pytest.Item) -> str:
@@ -67,6 +73,45 @@ def _enabled(config: pytest.Config, layer: str) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(LayerClock(), LayerClock.name)
+    if config.getoption("no_silent_skip"):
+        config.pluginmanager.register(SkipGate(), SkipGate.name)
+
+
+# Skips CI accepts: test node id (without parameters) -> why the skip is legitimate. Keep it short;
+# a test that cannot run in CI is a test CI does not have.
+SKIP_ALLOWED: dict[str, str] = {}  # empty: every test of every layer runs in CI
+LAYER_SKIP = "the {layer} layer runs with "  # the prefix of a layer's own skip reason (not a silent skip)
+
+
+class SkipGate:
+    """--no-silent-skip: lists every skip in the summary; one outside SKIP_ALLOWED fails the session."""
+
+    name = "ssd-edge-skip-gate"
+
+    def __init__(self) -> None:
+        self.skips: list[tuple[str, str, bool]] = []  # (node id, reason, allowed)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.skipped or getattr(report, "wasxfail", None) is not None:
+            return
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        if any(reason.startswith(LAYER_SKIP.format(layer=layer)) for layer in NEEDS):
+            return  # a layer not asked for (a plain `pytest` with the option)
+        self.skips.append((report.nodeid, reason, report.nodeid.split("[")[0] in SKIP_ALLOWED))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if any(not allowed for _, _, allowed in self.skips) and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        tr = terminalreporter
+        tr.write_sep("-", f"skips ({len(self.skips)}; --no-silent-skip)")
+        if not self.skips:
+            tr.write_line("none")
+        for nodeid, reason, allowed in self.skips:
+            why = f"allowed: {SKIP_ALLOWED[nodeid.split('[')[0]]}" if allowed else "NOT ALLOWED: fails the run"
+            tr.write_line(f"{nodeid}: {reason} ({why})", red=not allowed)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -78,7 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if layer in NEEDS and not item.get_closest_marker(layer):
             item.add_marker(getattr(pytest.mark, layer))  # so `-m "not real"` selects by folder too
         if not _enabled(config, layer):
-            item.add_marker(pytest.mark.skip(reason=f"the {layer} layer runs with {NEEDS[layer]}"))
+            item.add_marker(pytest.mark.skip(reason=LAYER_SKIP.format(layer=layer) + NEEDS[layer]))
 
 
 class LayerClock:

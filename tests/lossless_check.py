@@ -66,7 +66,9 @@ MODES = {
     "ssd-budget0": ("ssd", {"budget_cells": 0}),
     "auto": ("auto", {}),  # the default: the round planner (at the tests' 1 + 1 threads, with the worker)
 }
-BUDGET_PROMPTS = ("fibonacci", "lighthouse", "chat_code")  # a code, a prose and a chat prompt
+# a code, two prose and a chat prompt (each half of tests/real/test_lossless.py's thread split gets a
+# code or chat prompt and a prose one, where the draft misses)
+BUDGET_PROMPTS = ("fibonacci", "history", "lighthouse", "chat_code")
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,15 @@
-"""Greedy losslessness on the default Qwen pair (1.5B target, 0.5B draft, one
-thread each), where batched and one-token logits really differ and near-ties
-must be proven (tests/lossless_check.py says how).
+"""Greedy losslessness on the default Qwen pair (1.5B target, 0.5B draft), where
+batched and one-token logits really differ and near-ties must be proven
+(tests/lossless_check.py says how). It runs at one thread per model (1+1) and at
+the split users get by default (split_threads("auto", ...): 2+2 on 2 cores), the
+prompts shared between the two (--full: every prompt at both).
 
 By default the modes whose verify paths differ run here: sd, ssd and auto, on
 five prompts (2 code, 1 prose, 2 chat) at QWEN.max_new tokens. lookup and ssd's
 budget variants (misses, backups, partial hits) go through the same verify path
-and run on the small pair only, as does the check that the replay reproduces
-whole runs (tests/real/test_lossless.py). `--full` runs every prompt in every
-mode at 128 tokens, and the replay check, here too.
+and run on the small pair only. The check that the replay reproduces whole runs
+(what keeps the tie diagnosis honest) runs here on one prompt per thread split,
+on three with `--full`, which also runs every prompt in every mode at 128 tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_engine
+from ssd_edge.config import split_threads, usable_cores
 from lossless_check import (FULL, QWEN_MAX_TIE_RATE, ROW_TOL, Plan, ar_runs_for, check_mode, check_whole_runs,
                             report_ties)
 from prompts import PROMPTS
@@ -24,6 +27,9 @@ from prompts import PROMPTS
 QWEN_NAMES = ("fibonacci", "js_fetch", "lighthouse", "chat_code", "chat_multi")
 # (ssd-budget4 ran here too until the suite neared CI's 20 minutes: 62-78 s, covered on the small pair)
 QWEN = Plan(("sd", "ssd", "auto"), tuple(p for p in PROMPTS if p.name in QWEN_NAMES), 64)
+# (target, draft) threads -> the prompts run there; at the users' split (faster) the two chat-heavy ones
+THREADS = {"1+1": ((1, 1), ("fibonacci", "lighthouse", "chat_multi")),
+           "users": (split_threads("auto", True, usable_cores()), ("js_fetch", "chat_code"))}
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -32,14 +38,23 @@ def pytest_generate_tests(metafunc) -> None:
         metafunc.parametrize("label", plan.labels)
 
 
-@pytest.fixture(scope="module")
-def plan(request) -> Plan:
-    return FULL if request.config.getoption("full") else QWEN
+@pytest.fixture(scope="module", params=list(THREADS))
+def split(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def qwen(default_pair, plan):
-    eng = make_engine(default_pair)
+def plan(request, split) -> Plan:
+    if request.config.getoption("full"):
+        return FULL
+    return Plan(QWEN.labels, tuple(p for p in QWEN.prompts if p.name in THREADS[split][1]), QWEN.max_new)
+
+
+@pytest.fixture(scope="module")
+def qwen(default_pair, plan, split):
+    threads = THREADS[split][0]
+    eng = make_engine(default_pair, target=dict(threads=threads[0]), draft=dict(threads=threads[1]))
+    assert eng.threads == threads
     yield eng, ar_runs_for(eng, plan)
     eng.close()
 
@@ -52,10 +67,11 @@ def test_greedy_lossless_default_pair(qwen, plan, label):
 
 @pytest.mark.timeout(1800)
 def test_replay_reproduces_whole_runs_default_pair(qwen, plan, request):
-    if not request.config.getoption("full"):
-        pytest.skip("the replay self-check runs on the small pair; --full runs it on Qwen too")
+    """The replay gives back every token of whole ar and sd runs (else a broken replay could call a real
+    difference a tie), and sd's batched rows stay within ROW_TOL of ar's one-token rows."""
     engine, ar_runs = qwen
-    worst = max(check_whole_runs(engine, ar_runs, p, plan.max_new)[0] for p in plan.prompts[:3])
+    prompts = plan.prompts[:3] if request.config.getoption("full") else plan.prompts[:1]
+    worst = max(check_whole_runs(engine, ar_runs, p, plan.max_new)[0] for p in prompts)
     assert worst <= ROW_TOL, worst
 
 

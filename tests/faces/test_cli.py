@@ -125,13 +125,48 @@ def test_tiny_truncated_gguf(tmp_path):
     assert code == 3 and one_error(err) == f"error: truncated GGUF file (only 5 bytes): {bad}"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
-def test_unreadable_model_file(tmp_path):
-    bad = tmp_path / "locked.gguf"
-    bad.write_bytes(b"GGUF\x03\x00\x00\x00")
-    bad.chmod(0)
-    code, _, err = run(["generate", "hi", "-m", str(bad)])
-    assert code == 3 and "cannot read model file" in one_error(err)
+def run_as_nobody(args: list[str]) -> tuple[int, str, str]:
+    """`run(args)` in a forked child that dropped root for uid/gid 65534 (nobody): root reads files
+    whatever their mode, and CI runs as root. The child imports nothing new (run() already ran here)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, run, hand (code, stdout, stderr) back as JSON
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            result = json.dumps(run(args)).encode()
+            os.write(write, result)
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    os.waitpid(pid, 0)
+    assert data, "the child running as nobody reported nothing"
+    return tuple(json.loads(data))
+
+
+def test_unreadable_model_file(tmp_path, monkeypatch):
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="ssd-edge-unreadable-"))  # not under tmp_path: nobody cannot enter that
+    monkeypatch.setattr(settings, "default_config_file", lambda: folder / "absent.toml")
+    try:
+        folder.chmod(0o755)
+        bad = folder / "locked.gguf"
+        bad.write_bytes(b"GGUF\x03\x00\x00\x00")
+        bad.chmod(0)
+        if os.geteuid() == 0:
+            run(["generate", "hi", "-m", str(tmp_path / "absent.gguf")])  # the CLI's imports, done here
+            code, _, err = run_as_nobody(["generate", "hi", "-m", str(bad)])
+        else:
+            code, _, err = run(["generate", "hi", "-m", str(bad)])
+        assert code == 3 and one_error(err) == f"error: cannot read model file {bad}: Permission denied", err
+    finally:
+        bad.unlink(missing_ok=True)
+        folder.rmdir()
 
 
 @pytest.mark.skipif(not Path("/proc/self/mem").exists(), reason="needs Linux procfs")

@@ -33,5 +33,7 @@ def test_tiny_real_bench_on_the_small_pair_writes_valid_json(small_pair, tmp_pat
     assert all(r.tokens >= 1 for r in result.runs)
     assert result.peer.available is False and "not available" in result.peer.note
     ar = {r.prompt_id: r.output_sha for r in result.runs if r.mode == "ar"}
-    same = sum(r.output_sha == ar[r.prompt_id] for r in result.runs if r.mode != "ar")
-    assert same >= len(result.runs) - len(ar) - 2   # greedy: identical but for rare near-ties
+    # greedy on the small pair, whose batched and one-token logits are bitwise equal (test_backend.py,
+    # test_lossless.py): every mode gives ar's answer, no near-tie excuses a difference
+    differ = [(r.mode, r.prompt_id) for r in result.runs if r.output_sha != ar[r.prompt_id]]
+    assert not differ, differ

@@ -34,11 +34,13 @@ MODES = ("ar", "sd", "ssd")
 
 
 @pytest.fixture(scope="session")
-def rpc_server_binary() -> Path:
+def rpc_server_binary(request) -> Path:
     from ssd_edge.llama import backend
 
+    # In CI (--no-silent-skip) a missing RPC backend or rpc-server is a failure, with the reason.
+    skip = pytest.fail if request.config.getoption("no_silent_skip") else pytest.skip
     if not backend.rpc_supported():
-        pytest.skip("this llama-cpp-python build has no RPC backend (scripts/setup.sh builds it with -DGGML_RPC=ON)")
+        skip("this llama-cpp-python build has no RPC backend (scripts/setup.sh builds it with -DGGML_RPC=ON)")
     found = rpc.find_server()
     if found is not None:
         return found
@@ -47,11 +49,11 @@ def rpc_server_binary() -> Path:
         p = subprocess.run(["bash", str(REPO / "scripts" / "build_llama_tools.sh"), "--rpc-server-only"],
                            capture_output=True, text=True, timeout=1800, env=env)
     except (OSError, subprocess.TimeoutExpired) as e:
-        pytest.skip(f"could not build llama.cpp's rpc-server: {e}")
+        skip(f"could not build llama.cpp's rpc-server: {e}")
     lines = p.stdout.strip().splitlines()
     if p.returncode != 0 or not lines or not Path(lines[-1]).is_file():
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-        pytest.skip(f"could not build llama.cpp's rpc-server (scripts/build_llama_tools.sh --rpc-server-only, "
+        skip(f"could not build llama.cpp's rpc-server (scripts/build_llama_tools.sh --rpc-server-only, "
                     f"exit {p.returncode}): {' | '.join(tail)}")
     return Path(lines[-1])
 
@@ -115,11 +117,14 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
             assert remote.tokens == local[m], m
             assert len(remote.tokens) == 24
         # a second model on the same server while the first holds its one connection (a reload in the TUI)
-        from ssd_edge.llama.backend import Model
+        from unittest import mock
 
-        t0 = time.monotonic()
-        Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
-        assert time.monotonic() - t0 < 2.5  # not the HELLO probe's 3 s wait on a busy server
+        from ssd_edge.llama import backend
+
+        # not probed again: the server is busy with our own connection, a HELLO probe would wait 3 s
+        with mock.patch.object(backend, "probe", wraps=backend.probe) as probed:
+            backend.Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
+        assert probed.call_count == 0
     assert local["ar"] == local["sd"] == local["ssd"]  # and the modes agree among themselves
 
 
@@ -143,10 +148,8 @@ def test_server_survives_a_client_gone_mid_reply(small_pair, server):
 
 def test_wrong_port_is_an_error_naming_the_endpoint(small_pair):
     port = _free_port()  # nothing listens there
-    t0 = time.monotonic()
     with pytest.raises(RPCError, match=f"rpc server 127.0.0.1:{port} is unreachable"):
         make_engine(small_pair, target=dict(rpc=[f"127.0.0.1:{port}"], n_gpu_layers=-1))
-    assert time.monotonic() - t0 < 10
 
 
 def _child(how: str, server: Server, pair: tuple[Path, Path], mode: str) -> dict:
@@ -165,11 +168,14 @@ def test_server_lost_mid_generation(small_pair, small_engine, server, how, mode)
     out = _child(how, server, small_pair, mode)
     assert out["tokens_before"] >= 8 and out["error"] is not None and out["exit_code"] == 7
     assert str(server.endpoint) in out["error"]
+    # the outcome says which path ended it; the child's HANG limit (_child) is what catches a hang
     if how == "kill":
-        assert "lost during a decode" in out["error"] and out["seconds_to_error"] < 10
-    else:
-        assert "did not answer within 3 s" in out["error"] and 2.5 < out["seconds_to_error"] < 20
-    assert out["close_s"] < 2
+        assert "lost during a decode" in out["error"]
+    else:  # the decode timeout: it cannot fire before its 3 s (a lower bound a busy machine cannot break)
+        assert "did not answer within 3 s" in out["error"] and out["seconds_to_error"] >= 3.0
+    # a close that waited on the lost server would block until the process exits (llama.cpp's RPC
+    # threads stay parked): 30 s is 10 times the decode timeout, a hang-catcher, not a speed bound
+    assert out["close_s"] < 30
     assert out["local_tokens"] == list(small_engine.complete(
         "Once upon a time, in a small village by the sea,", max_tokens=12, mode=mode).tokens)
 

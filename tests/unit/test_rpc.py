@@ -124,15 +124,14 @@ def test_probe_refused_port_names_the_endpoint():
         rpc.probe(Endpoint("127.0.0.1", port), timeout_s=2)
 
 
+@pytest.mark.timeout(60)  # the point is that the probe gives up (the message says after 0.3 s), not hangs
 def test_probe_silent_server_times_out():
     srv = _Listener(lambda req: None)
-    t0 = time.monotonic()
     try:
         with pytest.raises(RPCError, match=r"did not answer within 0.3 s"):
             rpc.probe(Endpoint("127.0.0.1", srv.port), timeout_s=0.3)
     finally:
         srv.close()
-    assert time.monotonic() - t0 < 3
 
 
 @pytest.mark.parametrize("reply, why", [
@@ -205,9 +204,9 @@ EP = [Endpoint("127.0.0.1", 50052)]
 
 def test_guarded_call_returns_the_result_at_once():
     st = _state()
-    t0 = time.monotonic()
     assert st.call("a decode", EP, 5.0, lambda a, b: a + b, 2, 3) == 5
-    assert time.monotonic() - t0 < 0.5 and st.lost is None
+    assert st.lost is None
+    assert st.call("a decode", EP, 5.0, lambda: "again") == "again"  # and the next call runs too
 
 
 def test_guarded_call_times_out_and_marks_rpc_lost():
@@ -221,11 +220,20 @@ def test_guarded_call_times_out_and_marks_rpc_lost():
 
 def test_guarded_call_ends_when_another_thread_reports_the_loss():
     st = _state()
+    parked = threading.Event()  # set only after the call has returned: the decode it stands for never ends
+
+    def decode():
+        parked.wait(60)  # stands for a decode parked with its dispatcher
+
     threading.Timer(0.1, st.lose, ["Remote RPC server crashed or returned malformed response"]).start()
-    t0 = time.monotonic()
-    with pytest.raises(RPCError, match=r"lost during a decode \(Remote RPC server crashed"):
-        st.call("a decode", EP, 30.0, time.sleep, 3.0)  # stands for a decode parked with its dispatcher
-    assert time.monotonic() - t0 < 2
+    try:
+        # order, not time: the call ends with the loss while the decode is still parked (with the 30 s
+        # timeout it would end with "did not answer within 30 s" instead, after the loss went unseen)
+        with pytest.raises(RPCError, match=r"lost during a decode \(Remote RPC server crashed"):
+            st.call("a decode", EP, 30.0, decode)
+        assert not parked.is_set()
+    finally:
+        parked.set()
 
 
 def test_interrupt_waits_for_the_call_to_end_before_it_propagates():
