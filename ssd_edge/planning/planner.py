@@ -213,9 +213,10 @@ class Planner:
         if not self.menu.planned:  # a fixed mode: its one proposer, as long as it goes
             if "prepared" in kinds and offer.prepared is not None:  # ssd: a hit, or a partial one extended
                 return Decision("prepared", min(self.caps["prepared"], offer.room), 0.0)
-            if "ngram" in kinds and offer.ngram >= max(1, self.k_min):  # lookup; ssd's backup after misses
+            # (a draft shorter than --draft-min is not verified: rounds.verifiable, for every mode)
+            if "ngram" in kinds and offer.ngram:  # lookup; ssd's backup after a streak of misses
                 return Decision("ngram", min(offer.ngram, self.caps["ngram"], offer.room), 0.0)
-            if "draft" in kinds and offer.draft and offer.room >= max(1, self.k_min):
+            if "draft" in kinds and offer.draft:
                 return Decision("draft", min(self.caps["draft"], offer.room), 0.0)
             return Decision("plain", 0, 0.0)
         if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile

@@ -41,6 +41,13 @@ class Proposal(NamedTuple):
 NOTHING = Proposal(EMPTY, "none", None)
 
 
+def verifiable(draft: Draft, k_min: int) -> Draft:
+    """--draft-min: a draft shorter than k_min is not verified (a plain step instead). Cutting what
+    was drawn because of its length is safe: committed tokens never depend on the proposal
+    (coupling.py), and the length itself was decided before each token was drawn."""
+    return draft if len(draft) >= max(k_min, 1) else EMPTY
+
+
 def caps(mode: str, k: int | None) -> tuple[int, int]:
     """(draft model, n-gram) most tokens a round drafts: --draft-max when given; else the fixed
     modes' FIXED_K, and for a planned mode as far as the device's verify curve pays (the caps)."""
@@ -99,13 +106,8 @@ class Rounds:
             prepared=len(looked.draft) if hit else None, prepared_done=hit and looked.finished))
         if status is not None:  # the worker prepared this round: did the plan use it?
             self.planner.observe_lookup(d.kind == "prepared")
-        draft = self._make(d, history, ngram, looked)
-        if len(draft) < max(self.k_min, 1):
-            # --draft-min: a shorter draft is not verified (a plain step instead). Cutting what was
-            # drawn because of its length is safe: committed tokens never depend on the proposal
-            # (coupling.py), and the length itself was decided before each token was drawn.
-            return Proposal(EMPTY, "none", status)
-        return Proposal(draft, draft.speculator, status)
+        draft = verifiable(self._make(d, history, ngram, looked), self.k_min)
+        return Proposal(draft, draft.speculator if len(draft) else "none", status)
 
     def _lookup(self, history: list[int], room: int) -> LookupResult | None:
         if self.worker is None:

@@ -14,7 +14,7 @@ engine internal is a one-line change here too. What each bug is and which check 
     KV rollback  KVSeq.truncate keeps one rejected token       every mode gives ar's tokens, caches true
     hand-over  KVSeq.adopt takes the branch one token short    a prespec hit's branch is used whole
     n-gram     NgramDrafter.propose ignores the last token     the n-gram lookup equals its definition
-    k_min      Engine._min_draft ignores --draft-min           no draft shorter than k_min is verified
+    k_min      rounds.verifiable ignores --draft-min           no draft shorter than k_min is verified
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import pytest
 
 import ssd_edge.coupling as coupling
 import ssd_edge.engine as engine_mod
+import ssd_edge.planning.rounds as planned
 from distribution_check import check_follows_target
 from ssd_edge.engine import Engine
 from ssd_edge.llama.kvseq import KVSeq
@@ -69,7 +70,7 @@ MUTATIONS = {
                           check_hand_over),
     "ngram-drafter": (NgramDrafter, "propose", lambda self, history, k: real_propose(self, list(history)[:-1], k),
                       ngram_definition()),
-    "planner-k-min": (Engine, "_min_draft", staticmethod(lambda draft, k_min: draft), check_draft_min),
+    "planner-k-min": (planned, "verifiable", lambda draft, k_min: draft, check_draft_min),
 }
 
 

@@ -66,7 +66,7 @@ def test_every_mode_gives_ars_tokens_seed_for_seed(temperature):
 def check_hand_over() -> None:
     """ssd with a draft that always agrees and a slow target, so branches are ready at lookup: every
     hit's branch becomes the draft's main sequence with its tokens, and every drafted token is right."""
-    eng = fake_engine("ssd", disagree_every=0, target_delay=0.01, plan_rounds=False)
+    eng = fake_engine("ssd", disagree_every=0, target_delay=0.01)
     ref = eng.complete(tokens=PROMPT, max_tokens=40, mode="ar")
     out = eng.complete(tokens=PROMPT, max_tokens=40, mode="ssd")
     assert out.tokens == ref.tokens

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from ssd_edge.cli.settings import resolve
+from ssd_edge.settings import resolve
 from ssd_edge.server import create_app
 from ssd_edge.server.runner import options
 from test_cli import clean_env, one_error, run  # noqa: F401  (clean_env: an autouse fixture)

@@ -18,7 +18,7 @@ def test_variant_names_split_and_resolve(tmp_path):
     model = catalog.load_catalog().get("qwen2.5-coder-0.5b")
     path = catalog.derived_path(model, "q4_0", tmp_path)
     assert path.parent == tmp_path and path.name == "qwen2.5-coder-0.5b-instruct-q4_k_m.q4_0.gguf"
-    with pytest.raises(ModelNotFoundError, match="models derive-draft qwen2.5-coder-0.5b --type q4_0"):
+    with pytest.raises(ModelNotFoundError, match="models derive qwen2.5-coder-0.5b --type q4_0"):
         catalog.resolve_model("qwen2.5-coder-0.5b:q4_0", tmp_path)
     with pytest.raises(ModelNotFoundError, match="unknown variant 'q9'"):
         catalog.resolve_model("qwen2.5-coder-0.5b:q9", tmp_path)
