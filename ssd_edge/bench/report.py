@@ -104,10 +104,18 @@ def _get(rows: list[SummaryRow], setting: str, mode: str, category: str) -> Summ
 
 # ---------------------------------------------------------------- goals
 
-def goals(rows: list[SummaryRow], modes: Iterable[str]) -> list[Goal]:
-    """The release bounds of the default mode (auto): never slower than plain decoding, close to
-    the best fixed mode, the speedups it must reach per setting and category, and its first token."""
+# What auto must reach against ar where verifying is cheap (the memory-bound stand-in), per category
+STAND_IN_SPEEDUP = {"code": 1.6, "code-edit": 2.5, "prose": 1.15}
+
+
+def goals(rows: list[SummaryRow], modes: Iterable[str], stand_ins: Iterable[str] = ()) -> list[Goal]:
+    """The release bounds of the default mode (auto). Where only plain steps pay (this CPU's
+    compute-bound regime): never slower than plain decoding (0.97x, the noise of two passes) and
+    close to the best fixed mode (0.95x). In the settings of a memory-bound stand-in: the speedups
+    of STAND_IN_SPEEDUP, 0.97x the best fixed mode, 1.25x llama.cpp's own speculative decoding.
+    Everywhere: its first token within 1.1x of ar's."""
     modes = list(modes)
+    stand_ins = set(stand_ins)
     out: list[Goal] = []
     settings = sorted({r.setting for r in rows})
 
@@ -121,24 +129,24 @@ def goals(rows: list[SummaryRow], modes: Iterable[str]) -> list[Goal]:
                         detail=f"{num.mode} {num.tokens_per_s:.2f} vs {den.mode} {den.tokens_per_s:.2f} tok/s"
                         if num and den else "no data"))
 
-    # auto against ar: never slower anywhere, and these speedups where the issue sets them
-    speedup = {("shared", "code"): 1.25, ("shared", "code-edit"): 2.0, ("shared", "prose"): 1.10,
-               ("separate", "code"): 1.6}
     if "auto" in modes:
         for s in settings:
+            memory = s in stand_ins
             for c in (ALL, *CATEGORIES):
                 auto, ar = _get(rows, s, "auto", c), _get(rows, s, "ar", c)
                 if auto is None or ar is None:
                     continue
-                ratio_goal(f"{s}, {c}: auto vs ar", speedup.get((s, c), 1.00), auto, ar)
-                ratio_goal(f"{s}, {c}: auto vs the best fixed mode", 0.95, auto, best(s, c, ["ar", *FIXED]))
+                ratio_goal(f"{s}, {c}: auto vs ar", STAND_IN_SPEEDUP.get(c, 1.0) if memory else 0.97, auto, ar)
+                ratio_goal(f"{s}, {c}: auto vs the best fixed mode", 0.97 if memory else 0.95, auto,
+                           best(s, c, ["ar", *FIXED]))
                 if auto.ttft_ms is not None and ar.ttft_ms:
                     v = auto.ttft_ms / ar.ttft_ms
-                    out.append(Goal(name=f"{s}, {c}: auto's first token vs ar's", threshold="<= 1.15x", value=v,
-                                    met=v <= 1.15, detail=f"{auto.ttft_ms:.0f} vs {ar.ttft_ms:.0f} ms"))
-    if "separate" in settings:
-        ratio_goal("separate, code: ssd vs sd", 1.5, _get(rows, "separate", "ssd", "code"),
-                   _get(rows, "separate", "sd", "code"))
+                    out.append(Goal(name=f"{s}, {c}: auto's first token vs ar's", threshold="<= 1.10x", value=v,
+                                    met=v <= 1.10, detail=f"{auto.ttft_ms:.0f} vs {ar.ttft_ms:.0f} ms"))
+            peer = best(s, ALL, [r.mode for r in rows if r.mode.startswith("llama.cpp")])
+            if memory and peer is not None:
+                ratio_goal(f"{s}, {ALL}: auto vs llama.cpp's speculative decoding", 1.25, _get(rows, s, "auto", ALL),
+                           peer)
     return [g for g in out if g.detail != "no data"]
 
 
@@ -202,6 +210,13 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
         ]
         for s in result.settings:
             lines.append(f"- setting `{s.name}`: {s.description}")
+        lines.append("")
+    regimes = [s for s in result.settings if s.regime]
+    if regimes:
+        lines += ["The regime of each setting's target (from its calibrated verify curve):", ""]
+        for s in regimes:
+            curve = ", ".join(f"{x:.0f}" for x in (s.verify_ms or [])[:9])
+            lines.append(f"- `{s.name}`: {s.regime}" + (f" (ms of a decode of 1..9 tokens: {curve})" if curve else ""))
         lines.append("")
     lines += ["| setting | mode | k | threads | t/s | speedup | TTFT ms | p50 ms | p95 ms | accept | mean acc | "
               "hit rate | draft util | target util | peak MiB |",

@@ -195,7 +195,7 @@ Tick = Callable[[str], None]  # called before each unit of work with a descripti
 class Bench:
     """Runs the plan; `records` and `peer` fill as it goes (so an interrupted run still has its data)."""
 
-    def __init__(self, args: BenchArgs, target: Path, draft: Path) -> None:
+    def __init__(self, args: BenchArgs, target: Path, draft: Path, stand_in: Path | None = None) -> None:
         from ..planning.profile import device_info
         from . import peer as bench_peer
 
@@ -204,6 +204,10 @@ class Bench:
         self.cores = device_info().cores
         all_settings = hardware_settings(self.cores)
         self.settings = [all_settings[s] for s in args.settings]
+        if stand_in is not None:  # the same settings again with the memory-bound stand-in as the target
+            self.settings += [s.model_copy(update=dict(
+                name=f"{s.name} {args.stand_in}", target=str(stand_in), stand_in=True,
+                description=f"{s.description}; the target is {stand_in.name}, a measuring stand-in")) for s in self.settings]
         prompts = load_prompts(args.prompts)
         if args.category:
             prompts = [p for p in prompts if p.category in args.category]
@@ -238,10 +242,13 @@ class Bench:
                 out += [f"peer:{k}" for k in a.peer_k if k != self.peer_k]
         return out
 
+    def target_of(self, s: Setting) -> Path:
+        return Path(s.target) if s.target else self.target
+
     def config(self, s: Setting) -> EngineConfig:
         a = self.args
         rpc = dict(rpc=a.rpc.split(","), n_gpu_layers=-1) if a.rpc else {}
-        return EngineConfig.build(target=dict(path=str(self.target), threads=s.target_threads, **rpc),
+        return EngineConfig.build(target=dict(path=str(self.target_of(s)), threads=s.target_threads, **rpc),
                                   draft=dict(path=str(self.draft), threads=s.draft_threads), n_ctx=a.ctx_size,
                                   mode="ar", spec=dict(k=a.k), sampling=dict(temperature=a.temp, seed=a.seed),
                                   verbose=a.verbose)
@@ -251,17 +258,24 @@ class Bench:
         from ..engine import Engine
 
         a = self.args
-        for s in self.settings:
+        calibrated: set[Path] = set()
+        for i, s in enumerate(self.settings):
             cfg = self.config(s)
             self.engine_configs[s.name] = cfg.model_dump()
             with Engine(cfg) as engine:
                 if "auto" in a.modes and not a.no_calibrate:
-                    prof, measured = ensure_profile(engine, recalibrate=a.recalibrate and self.profile is None,
+                    target = self.target_of(s)
+                    prof, measured = ensure_profile(engine, recalibrate=a.recalibrate and target not in calibrated,
                                                     progress=calibrating)
+                    calibrated.add(target)
+                    at = prof.at(s.target_threads)
+                    self.settings[i] = s = s.model_copy(update=dict(
+                        verify_ms=at.target_ms if at else None, regime=prof.regime() if at else None))
                     if self.profile is None:
                         self.profile = {"measured_now": measured, **json.loads(prof.model_dump_json())}
-                        if measured:
-                            self.notes.append(f"calibrated this device before the run ({prof.calibration_s:.0f} s)")
+                    if measured:
+                        self.notes.append(f"calibrated {target.name} on this device before its runs "
+                                          f"({prof.calibration_s:.0f} s)")
                 elif "auto" in a.modes:
                     self.notes.append("auto ran without a calibration profile (--no-calibrate): its planner priced verifies "
                                       "from what each generation timed")
@@ -289,7 +303,7 @@ class Bench:
 
         a = self.args
         try:
-            r = bench_peer.run(self.peer_bin, self.target, self.draft, engine.render_chat(p.messages), k=k,
+            r = bench_peer.run(self.peer_bin, self.target_of(s), self.draft, engine.render_chat(p.messages), k=k,
                                target_threads=s.target_threads, draft_threads=s.draft_threads,
                                max_tokens=p.max_tokens or a.max_tokens, temperature=a.temp, seed=seed,
                                n_ctx=a.ctx_size)
@@ -329,10 +343,12 @@ class Bench:
             command=["ssd-edge", "bench", *a.argv], duration_s=time.perf_counter() - self.t0, interrupted=interrupted,
             machine=machine, libraries=library_versions(),
             models=[ModelInfo(role="target", name=self.target.name, path=str(self.target), size=self.target.stat().st_size),
-                    ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)],
+                    ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
+            + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
+               for p in {Path(s.target) for s in self.settings if s.target}],
             options=opts, settings=self.settings, engine_configs=self.engine_configs, prompts=self.prompts,
             profile=self.profile, runs=self.records, peer=peer, summary=summary,
-            goals=bench_report.goals(summary, a.modes), notes=notes)
+            goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in]), notes=notes)
 
 
 # ---------------------------------------------------------------- what was asked
@@ -364,6 +380,7 @@ class BenchArgs:
     no_plot: bool = False
     verbose: bool = False
     rpc: str | None = None                       # --rpc HOST:PORT[,...]: the target on these rpc-servers
+    stand_in: str | None = None                  # --stand-in TYPE: the settings again, the target converted to TYPE
     argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
 
     def checked(self) -> BenchArgs:
@@ -378,6 +395,10 @@ class BenchArgs:
             raise ConfigError("--temp must be >= 0")
         if any(not 1 <= k <= 32 for k in self.peer_k):
             raise ConfigError("--peer-k values must be between 1 and 32")
+        from ..models.catalog import DERIVED_KINDS
+
+        if self.stand_in is not None and self.stand_in not in DERIVED_KINDS:
+            raise ConfigError(f"--stand-in: choose one of {', '.join(DERIVED_KINDS)}")
         return dataclasses.replace(
             self, max_tokens=min(self.max_tokens, 24) if self.quick else self.max_tokens,
             # a profile prices a target on this device; one over --rpc is not
@@ -397,6 +418,22 @@ def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> 
     return items
 
 
+def _stand_in(target: str, kind: str, models_dir: str | None, console) -> Path:
+    """The target converted to `kind` (`ssd-edge models derive`), made now if it is not here yet."""
+    from ..models import catalog, derive
+
+    name = catalog.split_variant(target)[0]
+    try:
+        model = catalog.load_catalog().get(name)
+    except SSDEdgeError:
+        raise ConfigError(f"--stand-in converts a catalog target; {target!r} is not one") from None
+    path = catalog.derived_path(model, kind, Path(models_dir) if models_dir else None)
+    if not (path.exists() and derive.provenance_path(path).exists()):
+        console.print(f"converting {name} to {kind} for the stand-in runs (`ssd-edge models derive`; once)")
+        path, _ = derive.derive(name, kind, Path(models_dir) if models_dir else None)
+    return path
+
+
 def main(args: BenchArgs) -> int:
     """Run the benchmark, write its files, print the brief report; 130 if Ctrl-C cut it short."""
     from rich.console import Console
@@ -412,12 +449,15 @@ def main(args: BenchArgs) -> int:
     target_name, draft_name = default_pair(args.model, args.model_draft, args.models_dir)
     target = resolve_model(target_name, args.models_dir)
     draft = resolve_model(draft_name, args.models_dir)
+    stand_in = None
+    if args.stand_in:
+        stand_in = _stand_in(target_name, args.stand_in, args.models_dir, console)
     out = Path(args.output).expanduser()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot create the output folder {out}: {e.strerror}") from None
-    bench = Bench(args, target, draft)
+    bench = Bench(args, target, draft, stand_in)
     machine = machine_info(device_info().cores)
     if machine.load_avg_start[0] > 0.5 * machine.cores:
         console.print(f"[yellow]note:[/] load average {machine.load_avg_start[0]:.2f} on {machine.cores} cores: "

@@ -20,10 +20,15 @@ class BenchPrompt(BaseModel):
 
 
 class Setting(BaseModel):
-    name: Literal["separate", "shared"]
+    name: str = Field(description="separate or shared; with the stand-in's type after it for the stand-in's runs")
     target_threads: int
     draft_threads: int
     description: str
+    target: str | None = Field(default=None, description="the target's file when not the run's target (the stand-in)")
+    stand_in: bool = Field(default=False, description="the target is a measuring stand-in (`models derive`)")
+    verify_ms: list[float] | None = Field(default=None, description="the target's decode of 1, 2, ... tokens at these "
+                                          "threads, from the calibration profile (the regime's curve)")
+    regime: str | None = Field(default=None, description="what that curve means for speculation, in words")
 
 
 class MachineInfo(BaseModel):

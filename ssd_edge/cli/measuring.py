@@ -97,6 +97,11 @@ def bench(
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="calibrate again before the run even if a "
                                               "profile exists")] = False,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="skip bench.png")] = False,
+    stand_in: Annotated[Optional[str], typer.Option("--stand-in", help="also run every setting with the target "
+                                                    "converted to this type (bf16, f16, q8_0: `ssd-edge models "
+                                                    "derive`, made once if missing), a measuring stand-in of the "
+                                                    "memory-bound regime of GPUs and Apple silicon",
+                                                    show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True)] = None,  # -n's old name
     *, flags: dict[str, Any],
 ) -> None:
@@ -118,7 +123,7 @@ def bench(
             seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
             no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
-            verbose=bool(flags["verbose"]), rpc=f.get("rpc"), argv=_argv_after(ctx, "bench"))
+            verbose=bool(flags["verbose"]), rpc=f.get("rpc"), stand_in=stand_in, argv=_argv_after(ctx, "bench"))
         code = run_bench(args)
     raise typer.Exit(code)
 
