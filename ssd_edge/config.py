@@ -165,6 +165,20 @@ class EngineConfig(_Strict):
             raise ValueError("the draft runs on this machine: --rpc applies to the target only")
         return self
 
+    def with_changes(self, **changes) -> "EngineConfig":
+        """This config with settings changed by their own names (mode, n_ctx, and the fields of
+        sampling, spec and prespec), validated: with_changes(mode="sd", k=6, temperature=0.7)."""
+        cfg = self.model_dump()
+        for key, value in changes.items():
+            section = next((name for name in ("sampling", "spec", "prespec") if key in cfg[name]), None)
+            if key in ("mode", "n_ctx"):
+                cfg[key] = value
+            elif section is not None:
+                cfg[section][key] = value
+            else:
+                raise ConfigError(f"unknown setting '{key}'")
+        return EngineConfig.build(**cfg)
+
     @classmethod
     def build(cls, **kwargs) -> "EngineConfig":
         """Validate and raise ConfigError (one line per problem) instead of ValidationError."""

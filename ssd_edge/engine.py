@@ -19,7 +19,6 @@ and one-token logits; see tests/lossless_check.py).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -41,8 +40,6 @@ from .sampling import probs
 from .text import StopText
 from .verify import verify
 
-log = logging.getLogger(__name__)
-
 Event = TokenEvent | FinishEvent
 PROVENANCE = {"none": "target", "draft": "draft", "prespec": "prespec", "ngram": "ngram"}
 
@@ -60,6 +57,28 @@ class Completion:
     stats: Stats
 
 
+def _load(config: EngineConfig, models_dir: str | None) -> tuple[Model, Context, Model | None, Context | None]:
+    """The target, the draft and their contexts (all closed again if any fails to load)."""
+    target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose,
+                   rpc=config.target.rpc, rpc_timeout_s=config.target.rpc_timeout_s)
+    target_ctx = Context(target, config.n_ctx, config.n_batch, config.target.threads)
+    draft = draft_ctx = None
+    try:
+        if config.draft is not None:
+            draft = Model(resolve_model(config.draft.path, models_dir), config.draft.n_gpu_layers, config.verbose)
+            check_same_vocab(target, draft)
+            # Unified KV: the main sequence plus one per branch; cells for the budget, the longest
+            # draft the worker reads after the history, and a margin.
+            n_ctx = config.n_ctx + config.prespec.budget_cells + 2 * (config.spec.k or planned.NGRAM_CAP) + 16
+            draft_ctx = Context(draft, n_ctx, config.n_batch, config.draft.threads, config.prespec.fanout_max + 1)
+    except BaseException:
+        for obj in (draft_ctx, draft, target_ctx, target):
+            if obj is not None:
+                obj.close()
+        raise
+    return target, target_ctx, draft, draft_ctx
+
+
 # ---------------------------------------------------------------- the engine
 
 class Engine:
@@ -70,24 +89,7 @@ class Engine:
         each generation times alone (tests that must see the draft paths, whatever a profile says)."""
         if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
-        target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose,
-                       rpc=config.target.rpc, rpc_timeout_s=config.target.rpc_timeout_s)
-        target_ctx = Context(target, config.n_ctx, config.n_batch, config.target.threads)
-        draft = draft_ctx = None
-        try:
-            if config.draft is not None:
-                draft = Model(resolve_model(config.draft.path, models_dir), config.draft.n_gpu_layers, config.verbose)
-                check_same_vocab(target, draft)
-                # Unified KV: the main sequence plus one per branch; cells for the budget, the longest
-                # draft the worker reads after the history, and a margin.
-                n_ctx = config.n_ctx + config.prespec.budget_cells + 2 * (config.spec.k or planned.NGRAM_CAP) + 16
-                draft_ctx = Context(draft, n_ctx, config.n_batch, config.draft.threads, config.prespec.fanout_max + 1)
-        except BaseException:
-            for obj in (draft_ctx, draft, target_ctx, target):
-                if obj is not None:
-                    obj.close()
-            raise
-        self._attach(config, target, target_ctx, draft, draft_ctx)
+        self._attach(config, *_load(config, models_dir))
         self._profile_looked_up = not profiles
 
     @classmethod
@@ -118,16 +120,7 @@ class Engine:
     # ------------------------------------------------------------ settings
     def configure(self, **changes: Any) -> EngineConfig:
         """Change settings between generations, e.g. configure(mode="sd", k=6, temperature=0.7)."""
-        cfg = self.config.model_dump()
-        for key, value in changes.items():
-            section = next((name for name in ("sampling", "spec", "prespec") if key in cfg[name]), None)
-            if key in ("mode", "n_ctx"):
-                cfg[key] = value
-            elif section is not None:
-                cfg[section][key] = value
-            else:
-                raise ConfigError(f"unknown setting '{key}'")
-        new = EngineConfig.build(**cfg)
+        new = self.config.with_changes(**changes)
         if new.mode in ("sd", "ssd") and self.draft is None:
             raise ConfigError(f"mode '{new.mode}' needs a draft model, and none is loaded")
         if new.n_ctx != self.config.n_ctx:
@@ -143,17 +136,9 @@ class Engine:
         """This device's calibration profile for the loaded pair (`ssd-edge calibrate`), or None."""
         if self.profile is None and not self._profile_looked_up:
             self._profile_looked_up = True
-            if self.config.target.rpc:  # profiles measure a target on this device, not one across a network
-                log.info("target on rpc servers: the planner plans from what each generation measures")
-                return None
             from .planning import profile
-            try:
-                self.profile = profile.load(self.target.path, self.draft.path if self.draft is not None else None)
-            except OSError:  # a model without a file (the tests' fakes)
-                self.profile = None
-            if self.profile is None:
-                log.info("no calibration profile for this device and pair (ssd-edge calibrate): "
-                         "the planner plans from what each generation measures")
+
+            self.profile = profile.load_for(self.config, *self.model_paths)
         return self.profile
 
     # ------------------------------------------------------------ generation
@@ -302,9 +287,7 @@ class Engine:
         """The target's and the draft's metadata, read at load (None: no draft, or a fake model)."""
         return self._info
 
-    @property
-    def n_vocab(self) -> int:
-        return self.target.n_vocab
+    n_vocab = property(lambda self: self.target.n_vocab)
 
     def tokenize(self, text: str, *, parse_special: bool = False) -> list[int]:
         """`text` in the target's vocabulary, with its start token; parse_special: read special tokens'
@@ -326,18 +309,15 @@ class Engine:
                 kv.truncate(0)
 
     @property
-    def threads(self) -> tuple[int, int | None]:
-        """The thread counts the target's and the draft's contexts run at now."""
+    def threads(self) -> tuple[int, int | None]:  # the target's and the draft's contexts' thread counts now
         return self.target_ctx.threads, self.draft_ctx.threads if self.draft_ctx is not None else None
 
-    def use_threads(self, target: int | None = None, draft: int | None = None) -> None:
-        """Run the target's and the draft's contexts at these thread counts (None: as they are)."""
+    def use_threads(self, target: int | None = None, draft: int | None = None) -> None:  # None: as it is
         for ctx, n in ((self.target_ctx, target), (self.draft_ctx, draft)):
             if ctx is not None and n is not None and getattr(ctx, "threads", n) != n:
                 ctx.set_threads(n)
 
-    def decode_timer(self) -> DecodeTimer:
-        """Timing of decodes on the loaded pair, for calibration (between generations)."""
+    def decode_timer(self) -> DecodeTimer:  # timing decodes on the loaded pair, for calibration
         return DecodeTimer(self.target_kv, self.draft_kv)
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .. import paths
 from ..errors import FetchError, ModelNotFoundError

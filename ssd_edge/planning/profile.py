@@ -175,6 +175,24 @@ def save(profile: Profile) -> Path:
     return path
 
 
+def load_for(config, target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None
+             ) -> Profile | None:
+    """The profile an engine with `config` on these files plans with: none for a target on --rpc
+    servers (a profile measures a target on this device, not one across a network), none for a
+    model without a file (the tests' fakes), else load()'s."""
+    if config.target.rpc:
+        log.info("target on rpc servers: the planner plans from what each generation measures")
+        return None
+    try:
+        prof = load(target_path, draft_path)
+    except OSError:
+        return None
+    if prof is None:
+        log.info("no calibration profile for this device and pair (ssd-edge calibrate): "
+                 "the planner plans from what each generation measures")
+    return prof
+
+
 def load(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None) -> Profile | None:
     """The saved profile of this device and pair, or None (never calibrated, or stale)."""
     device = device_info()
