@@ -156,6 +156,7 @@ class Stats:
     speculators: Mapping[str, int]      # rounds by who proposed: none, draft, prespec, ngram
     seed: int | None = None             # a sampled generation's seed (replays it in any mode); None: greedy
     auto: AutoStats | None = None       # mode auto only
+    first_round_tokens: int = 0         # tokens the first round emitted (it carries the prompt's prefill)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))
@@ -165,6 +166,12 @@ class Stats:
     def decode_s(self) -> float:
         """The time after the first round: what tokens_per_s divides by (0 before any round)."""
         return max(self.wall_s - self.ttft_s, 0.0) if self.ttft_s is not None else 0.0
+
+    @property
+    def decoded(self) -> bool:
+        """Whether tokens came after the first round: only then is tokens_per_s a decode speed
+        (otherwise metrics.decode_rate gives the end-to-end rate, and faces show "—")."""
+        return self.tokens > self.first_round_tokens and self.decode_s > 0
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: one key per field, nested prespec and auto; "auto" only in mode auto."""

@@ -183,4 +183,5 @@ class Meter:
             draft_busy_s=self.draft_busy.seconds, target_busy_s=self.target_busy.seconds,
             draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
             latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
-            speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None)
+            speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
+            first_round_tokens=self.first_round_tokens)

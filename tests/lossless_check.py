@@ -158,7 +158,7 @@ def replay(engine, run: Run, positions: list[int]) -> dict[int, np.ndarray]:
     kv = KVSeq(ctx)
     # Rejected draft tokens are unknown; placeholders are harmless: a row depends only on the tokens
     # before it (causal mask), and the batch size is kept.
-    tokens = run.out + [0] * (cfg.spec.k + 2)
+    tokens = run.out + [0] * (max((drafted for _, drafted in run.rounds), default=0) + 2)
     want = set(positions)
     found: dict[int, np.ndarray] = {}
     try:

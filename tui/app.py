@@ -4,9 +4,14 @@
 
 Threads: the engine is built, models are pulled and replies are generated in
 worker threads; they only post messages (tui/messages.py) or fill an Outbox
-(tui/stream.py). Every widget is touched from the UI thread alone. Streamed
-text is redrawn at most every RENDER_INTERVAL seconds, and the chat is saved
-to disk at each redraw, so whatever was shown survives a crash.
+(tui/stream.py). Every widget is touched from the UI thread alone.
+
+A streaming reply is drawn in frames, at most one every FRAME_INTERVAL: a frame
+drains the outbox and redraws only what changed (the reply's text when it grew,
+a screen layout only when its height did, each gauge and line of the panel only
+when its value did). On a CPU-only device the model needs every core, and the
+UI's work takes from them (issue 24: scripts/tui_speed.py measures it). The
+chat is saved at most SAVE_INTERVAL behind the screen, and at the reply's end.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ from .stream import Chunk, Failure, Outbox, run_generation
 from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
 from .widgets.panel import LivePanel
 
-RENDER_INTERVAL = 0.05  # seconds between redraws of streaming text and gauges
+FRAME_INTERVAL = 0.1  # seconds between frames while a reply streams (10 a second at most)
+SAVE_INTERVAL = 1.0   # seconds between saves of the chat while a reply streams (and once at its end)
 EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
               ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
 
@@ -94,8 +100,11 @@ class SSDEdgeApp(App[int]):
         self.fallback: EngineConfig | None = None  # the config to go back to if a model switch fails
         self.jobs: dict[str, Worker] = {}  # the latest worker of each kind: load, pull, generate
         self.pull_cancel = threading.Event()
-        self._last_render = 0.0
-        self._render_timer: Any = None
+        self._last_frame = 0.0          # monotonic time of the last frame
+        self._frame_due = False         # a frame is scheduled (by _frame_timer, or next in the queue)
+        self._frame_timer: Any = None
+        self._last_save = 0.0
+        self.frames = 0                 # frames drawn (scripts/tui_speed.py reports frames per second)
         self._load_started = 0.0
 
     # ------------------------------------------------------------ layout
@@ -190,13 +199,34 @@ class SSDEdgeApp(App[int]):
         self.query_one("#chat-title", Static).update(title)
 
     def on_stream_wake(self, _: StreamWake) -> None:
+        """The outbox has items: draw them at the next frame. The outbox is drained only by a frame, and it
+        wakes the UI only when a drain emptied it, so the UI wakes at most once per frame however fast
+        tokens come (a TokenEvent per round, often 20-40 a second)."""
+        if self._frame_due:
+            return
+        self._frame_due = True
+        wait = self._last_frame + FRAME_INTERVAL - time.monotonic()
+        if wait > 0:
+            self._frame_timer = self.set_timer(wait, self.frame)
+        else:
+            self.call_next(self.frame)
+
+    def frame(self) -> None:
+        """One frame of the streaming reply: drain the outbox into the reply and the live model, then
+        redraw what changed. At most FRAME_INTERVAL apart; a finished reply is drawn at once."""
+        if self._frame_timer is not None:  # a frame was due: this is it (a late one would revive the cursor)
+            self._frame_timer.stop()
+            self._frame_timer = None
+        self._frame_due = False
+        self._last_frame = time.monotonic()
         if self.outbox is None or self.reply is None:
             return
-        done = False
+        done = grew = False
         for item in self.outbox.drain():
             if isinstance(item, Chunk):
                 for prov, text in item.spans:
                     self.reply.add(prov, text)
+                    grew = True
                 self.live.observe(item.round, item.n_tokens, item.live)
             elif isinstance(item, Failure):
                 self.reply.note = "error: " + item.message
@@ -208,27 +238,23 @@ class SSDEdgeApp(App[int]):
                 self.live.finish(item.stats)
                 self.reply.note = finish_note(item.stop_reason, item.stats, item.message)
                 done = True
-        if done:
-            self.render_stream(finished=True)
-        elif time.monotonic() - self._last_render >= RENDER_INTERVAL:
-            self.render_stream()
-        elif self._render_timer is None:
-            self._render_timer = self.set_timer(RENDER_INTERVAL, self.render_stream)
+        self.draw(finished=done, grew=grew)
 
-    def render_stream(self, finished: bool = False) -> None:
-        """One redraw of the streaming reply and the panel, then a save."""
-        if self._render_timer is not None:  # a redraw was due: this is it (a late one would revive the cursor)
-            self._render_timer.stop()
-            self._render_timer = None
-        self._last_render = time.monotonic()
-        if self.reply_view is not None:
+    def draw(self, finished: bool = False, grew: bool = True) -> None:
+        """Redraw the streaming reply (when it grew, or ended) and the panel (each widget only when its
+        value changed); save the chat at most every SAVE_INTERVAL while the reply streams, and at its end."""
+        self.frames += 1
+        if self.reply_view is not None and (grew or finished):
             self.reply_view.streaming = not finished and self.phase == "generating"
-            self.reply_view.refresh_message()
-            self.query_one(ChatView).follow()
+            if self.reply_view.refresh_message():
+                self.query_one(ChatView).follow()
         panel = self.query_one(LivePanel)
         panel.show_live(self.live)
         panel.show_settings(self.config, self.live)
-        self.save_chat()
+        now = time.monotonic()
+        if finished or now - self._last_save >= SAVE_INTERVAL:
+            self._last_save = now
+            self.save_chat()
         if finished:
             self.phase = "ready"
             self.set_status(f"Ready · {self.config.mode}", error=bool(self.reply and self.reply.note.startswith("error")))
@@ -461,7 +487,7 @@ class SSDEdgeApp(App[int]):
                 self.set_status(f"Quitting: waiting for the {name} worker to stop…")
                 with contextlib.suppress(Exception):
                     await worker.wait()
-        self.on_stream_wake(StreamWake())  # whatever the reply sent before it stopped
+        self.frame()  # whatever the reply sent before it stopped
         self.save_chat()
         self.close_engine()
         self.exit(return_code=self.exit_code if self.phase == "failed" else 0)

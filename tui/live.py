@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from ssd_edge.cli.stats_text import rate_text
 from ssd_edge.events import LiveStats, Round, Stats
 
 RATE_WINDOW = 6      # rounds averaged into "tokens/s now"
@@ -66,8 +67,9 @@ class LiveModel:
         return statistics.median(values) if values else None
 
     def average_rate(self) -> float | None:
+        """The live end-to-end rate while generating; then the decode speed (None: no decode after the first round)."""
         if self.final is not None:
-            return self.final.tokens_per_s
+            return self.final.tokens_per_s if self.final.decoded else None
         return self.live.tokens_per_s if self.live else None
 
 
@@ -76,12 +78,13 @@ STOP_WORDS = {"cancelled": "stopped", "length": "max tokens", "context": "contex
 
 def finish_note(stop_reason: str, stats: Stats, message: str | None) -> str:
     """The line under a finished reply: why it ended (when unusual) and its figures (decode tokens/s
-    as the meter defines it: metrics.decode_rate)."""
+    as the meter defines it: metrics.decode_rate; "—" and the end-to-end rate when nothing came
+    after the first round)."""
     parts = [STOP_WORDS[stop_reason]] if stop_reason in STOP_WORDS else []
     if message and stop_reason != "cancelled":
         parts.append(message)
     if stats.tokens:
-        parts.append(f"{stats.tokens} tokens · {stats.tokens_per_s:.1f} tok/s · {stats.mode}")
+        parts.append(f"{stats.tokens} tokens · {rate_text(stats)} · {stats.mode}")
     if stats.acceptance_rate is not None:
         parts.append(f"acceptance {100 * stats.acceptance_rate:.0f}%")
     hit = stats.prespec.hit_rate

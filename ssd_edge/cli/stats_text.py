@@ -15,13 +15,21 @@ def _num(x: float | None, fmt: str = ".2f") -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def rate_text(stats: Stats) -> str:
+    """The decode speed, or "—" and the end-to-end rate (labelled) when nothing came after the first round."""
+    if stats.decoded:
+        return f"{stats.tokens_per_s:.1f} tok/s"
+    return f"— tok/s · {stats.end_to_end_tokens_per_s:.1f} tok/s end to end"
+
+
 def stats_line(stats: Stats, state: str | None = None) -> Text:
     """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 healthy · mode ssd'.
 
     `state` is what ran last (LiveStats.state), shown when it differs from the mode,
-    e.g. 'mode ssd (rolled-back)'."""
+    e.g. 'mode ssd (rolled-back)'. With nothing decoded after the first round there is no decode
+    speed: '1 tokens · — tok/s · 2.4 tok/s end to end · …'."""
     out = Text(style="dim")
-    out.append(f"{stats.tokens} tokens · {stats.tokens_per_s:.1f} tok/s")
+    out.append(f"{stats.tokens} tokens · {rate_text(stats)}")
     if stats.ttft_s is not None:
         out.append(f" · first token {stats.ttft_s:.2f} s")
     if stats.acceptance_rate is not None:
@@ -47,7 +55,7 @@ def stats_table(stats: Stats) -> Table:
         ("rounds", str(stats.rounds)),
         ("wall", f"{_num(stats.wall_s)} s"),
         ("first token", f"{_num(stats.ttft_s)} s"),
-        ("decode speed", f"{_num(stats.tokens_per_s, '.1f')} tok/s"),
+        ("decode speed", f"{_num(stats.tokens_per_s if stats.decoded else None, '.1f')} tok/s"),
         ("end to end", f"{_num(stats.end_to_end_tokens_per_s, '.1f')} tok/s"),
         ("latency p50 / p95", f"{_num(stats.latency_ms_p50, '.0f')} / {_num(stats.latency_ms_p95, '.0f')} ms"),
         ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),

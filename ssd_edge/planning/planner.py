@@ -283,8 +283,11 @@ class Planner:
         return self.hit_rate() * saved > cost
 
     def branch_depth(self) -> int:
-        """How many tokens the worker drafts on each branch: the length a ready branch is best
-        verified at (its tokens cost nothing by then)."""
+        """How many tokens the worker drafts on each branch: in ssd its full draft length (a hit is
+        verified whole); planned, the length a ready branch is best verified at (its tokens cost
+        nothing by then)."""
+        if not self.menu.planned:
+            return self.caps["prepared"]
         lengths = self._lengths("prepared", self.caps["prepared"])
         if not lengths:
             return max(1, self.k_min)

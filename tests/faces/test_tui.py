@@ -31,15 +31,6 @@ def chats(tmp_path, monkeypatch):
 async def test_prompt_streams_tokens_into_the_chat():
     make = factory()
     app = make_app(make)
-    renders = 0
-    original = app.render_stream
-
-    def counting(*a, **kw):
-        nonlocal renders
-        renders += 1
-        original(*a, **kw)
-
-    app.render_stream = counting
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "explain SSD")
         user, reply = app.chat.messages
@@ -48,8 +39,8 @@ async def test_prompt_streams_tokens_into_the_chat():
         assert reply.note.startswith(f"{len(REPLY.split(' '))} tokens")
         assert make.engine.requests == [[{"role": "user", "content": "explain SSD"}]]
         assert app.query_one(PromptInput).value == ""
-        # batched: one redraw at most per outbox drain, never one per token
-        assert 1 <= renders < len(REPLY.split(" "))
+        # in frames: the outbox is drained by a frame, never a redraw per token
+        assert 1 <= app.frames < len(REPLY.split(" "))
         await pilot.press("f3")  # provenance colours on: the legend shows
         assert app.query_one("#legend").display
 

@@ -106,7 +106,8 @@ def test_live_model_rates_and_latency_by_outcome():
     assert live.rate_now == 1e3 * 6 / 400
     assert live.latency_ms("hit") == 25.0 and live.latency_ms("miss") == 150.0
     empty = Meter("ssd", 4, 64).stats()
-    live.finish(dataclasses.replace(empty, tokens_per_s=9.0, latency_ms_p50=60.0,
+    live.finish(dataclasses.replace(empty, tokens=10, first_round_tokens=1, wall_s=1.5, ttft_s=0.5, tokens_per_s=9.0,
+                                    latency_ms_p50=60.0,
                                     prespec=dataclasses.replace(empty.prespec, latency_ms_hit_p50=24.0)))
     assert live.latency_ms("hit") == 24.0 and live.latency_ms("miss") is None and live.average_rate() == 9.0
     assert len(live.rates) == 2  # the sparkline keeps its history across generations
@@ -114,20 +115,26 @@ def test_live_model_rates_and_latency_by_outcome():
 
 def test_finish_note_names_unusual_stops():
     empty = Meter("sd", 3).stats()
-    stats = dataclasses.replace(empty, tokens=5, tokens_per_s=2.0, acceptance_rate=0.5)
+    stats = dataclasses.replace(empty, tokens=5, first_round_tokens=1, wall_s=2.5, ttft_s=0.5, tokens_per_s=2.0,
+                                acceptance_rate=0.5)
     assert finish_note("eos", stats, None) == "5 tokens · 2.0 tok/s · sd · acceptance 50%"
     assert finish_note("cancelled", stats, None).startswith("stopped · 5 tokens")
     assert finish_note("context", empty, "the context of 64 tokens is full") == \
         "context full · the context of 64 tokens is full"
 
 
-def test_finish_note_of_a_one_round_reply_shows_its_end_to_end_rate():
+def test_finish_note_of_a_one_round_reply_shows_no_decode_speed_and_labels_its_end_to_end_rate():
     meter = Meter("sd", 3)
     meter.first_token()
     meter.record(Round(0, "sd", "draft", None, 3, 1, 500.0, 400.0, 0.0), 2)
+    meter.record(Round(1, "sd", "none", None, 0, 0, 50.0, 40.0, 0.0), 0)  # the end of text: nothing emitted
     stats = meter.stats()
-    assert stats.rounds == 1 and stats.tokens_per_s == stats.end_to_end_tokens_per_s  # not 2 tokens over ~0 s
-    assert finish_note("eos", stats, None) == f"2 tokens · {stats.end_to_end_tokens_per_s:.1f} tok/s · sd · acceptance 33%"
+    assert stats.rounds == 2 and not stats.decoded  # not 2 tokens over the ~50 ms after the first round
+    assert finish_note("eos", stats, None) == \
+        f"2 tokens · — tok/s · {stats.end_to_end_tokens_per_s:.1f} tok/s end to end · sd · acceptance 33%"
+    live = LiveModel()
+    live.finish(stats)
+    assert live.average_rate() is None  # the panel's "avg" shows "—", not a decode speed
 
 
 def test_fake_engine_stats_are_the_real_meters():

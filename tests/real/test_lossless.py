@@ -187,8 +187,8 @@ def test_sampled_lossless_small_pair(small_engine, user_engine, sampled_ar, mode
     # so its acceptance path is exercised at 0.7 (the same verify as every mode's)
     if mode != "auto" and not (mode == "lookup" and temperature > 1.0):
         assert accepted > 0, (mode, drafted, accepted)
-    if mode == "ssd":
-        assert provenance.get("prespec", 0) > 0, provenance  # tokens from pre-speculation hits
+    if mode == "ssd" and split == "1+1":  # tokens from pre-speculation hits, where the worker has a core of
+        assert provenance.get("prespec", 0) > 0, provenance  # its own (at 2+2 on 2 cores it rarely finishes a branch)
 
 
 @pytest.mark.real

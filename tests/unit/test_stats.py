@@ -21,6 +21,7 @@ OLD_KEYS = {
     "target_busy_s", "draft_util", "target_util", "latency_ms_p50", "latency_ms_p95", "prespec", "speculators",
     "seed",
 }
+NEW_KEYS = {"first_round_tokens"}  # added since; old readers ignore it
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
@@ -47,10 +48,10 @@ def ssd_meter() -> Meter:
     return m
 
 
-def test_to_dict_has_exactly_the_old_keys():
+def test_to_dict_has_the_old_keys_and_the_new_ones():
     stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
-    assert set(d) == OLD_KEYS
+    assert set(d) == OLD_KEYS | NEW_KEYS
     assert set(d["prespec"]) == OLD_PRESPEC_KEYS
     assert d["seed"] == 7 and d["prespec"]["hits"] == 1 and d["prespec"]["misses"] == 1
     assert d["prespec"]["branch_bytes_peak"] == 9 * 1024 and d["prespec"]["waste"] == pytest.approx(0.5)
@@ -65,7 +66,7 @@ def test_auto_adds_its_report_back_unchanged():
     assert stats.auto.decisions == {"plain": 3, "prepared": 2} and stats.auto.concurrent
     assert stats.auto.planner["draft_alpha_measured"] == [0.75, None]
     d = stats.to_dict()
-    assert set(d) == OLD_KEYS | {"auto"}
+    assert set(d) == OLD_KEYS | NEW_KEYS | {"auto"}
     assert d["auto"] == REPORT
     assert json.loads(json.dumps(d))["auto"]["verify_ms"] == {"1": 40.0, "2": 52.0, "3": 60.0}  # as json.dumps had it
 
@@ -105,6 +106,19 @@ def test_meter_and_stats_agree_on_decode_time_and_rate():
     assert stats.decode_s == pytest.approx(stats.wall_s - stats.ttft_s)
     assert stats.tokens_per_s == pytest.approx(decode_rate(7, 1, stats.wall_s, stats.ttft_s))
     assert stats.end_to_end_tokens_per_s == pytest.approx(7 / stats.wall_s)
+    assert stats.first_round_tokens == 1 and stats.decoded
+
+
+def test_a_reply_with_nothing_after_its_first_round_has_no_decode_speed():
+    """A one-token answer: the first round emits it, the next verifies the end of text and emits
+    nothing. Two rounds, but no decode: tokens_per_s is the end-to-end rate, and `decoded` says so."""
+    m = Meter("ar", 0)
+    m.first_token()
+    m.record(Round(0, "ar", "none", None, 0, 0, 400.0, 400.0, 0.0), 1)
+    m.record(Round(1, "ar", "none", None, 0, 0, 30.0, 30.0, 0.0), 0)
+    stats = m.stats()
+    assert stats.rounds == 2 and stats.tokens == stats.first_round_tokens == 1
+    assert not stats.decoded and stats.tokens_per_s == stats.end_to_end_tokens_per_s
 
 
 def test_branch_tally_counts_what_two_threads_write_while_a_third_reads():

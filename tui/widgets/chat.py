@@ -1,7 +1,8 @@
 """The chat column: the conversation (one widget per message) and the prompt input.
 
 A message widget renders its `chats.Message` on demand; the app calls
-`refresh_message()` at most once per UI batch while text streams in. With
+`refresh_message()` at most once per frame while text streams in, and the
+screen is laid out again only when the message's height changed. With
 provenance on, each piece of an answer is coloured by where its tokens came
 from: the target itself, an accepted draft, a pre-speculation hit, an n-gram.
 """
@@ -40,8 +41,15 @@ class MessageView(Widget):
         self.show_provenance = show_provenance
         self.streaming = False
 
-    def refresh_message(self) -> None:
+    def refresh_message(self) -> bool:
+        """Redraw after the message changed. Returns True when its height changed, and only then asks for
+        a layout of the screen (most frames add text to the last line: a repaint of this widget does)."""
+        height, width = self.content_size.height, self.content_size.width
+        self.refresh()
+        if width and self.get_content_height(self.size, self.size, width) == height:
+            return False
         self.refresh(layout=True)
+        return True
 
     def render(self) -> Text:
         m = self.message

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -80,7 +81,26 @@ def describe_model(info: ModelInfo, threads: int) -> str:
     return f"{quant} · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
 
 
+def _fits(text: Text, width: int) -> bool:
+    return width > 0 and all(cell_len(line) <= width for line in text.plain.split("\n"))
+
+
+def set_text(static: Static, text: Text) -> None:
+    """Static.update, skipped when the text is the one shown; a layout of the screen only when the text's
+    height may change (a line does not fit the width, or the number of lines changed)."""
+    old = getattr(static, "_shown_text", None)
+    if old == text:
+        return
+    width = static.content_size.width
+    same_height = (old is not None and _fits(old, width) and _fits(text, width)
+                   and old.plain.count("\n") == text.plain.count("\n"))
+    static._shown_text = text  # type: ignore[attr-defined]
+    static.update(text, layout=not same_height)
+
+
 class LivePanel(VerticalScroll):
+    """Drawn once per frame while a reply streams: each line and gauge is redrawn only when its value changed."""
+
     def compose(self) -> ComposeResult:
         yield Static("Models", classes="section")
         yield Static("loading…", id="models")
@@ -124,7 +144,7 @@ class LivePanel(VerticalScroll):
         else:
             text.append("○ idle" + (f" (last: {state})" if state else ""), "grey70")
         text.append(f"\nk {config.spec.k_label} · temperature {config.sampling.temperature:g}", "dim")
-        self.query_one("#mode", Static).update(text)
+        set_text(self.query_one("#mode", Static), text)
 
     def show_live(self, live: LiveModel) -> None:
         s = live.live
@@ -137,12 +157,12 @@ class LivePanel(VerticalScroll):
         now, avg = live.rate_now, live.average_rate()
         rate = Text.assemble(("tokens/s   ", "bold"), (f"{now:5.1f}" if now is not None else "    —", "bold"),
                              " now · ", (f"{avg:.1f}" if avg is not None else "—"), " avg")
-        self.query_one("#rate", Static).update(rate)
-        self.query_one("#spark", Sparkline).data = list(live.rates)
+        set_text(self.query_one("#rate", Static), rate)
+        self.query_one("#spark", Sparkline).data = list(live.rates)  # a reactive: redrawn only when it differs
         lat = Text.assemble(("per token  ", "bold"), ("hit ", "green3"), ms(live.latency_ms("hit")),
                             " · ", ("miss ", "red3"), ms(live.latency_ms("miss")),
                             " · all ", ms(live.latency_ms("all")))
-        self.query_one("#latency", Static).update(lat)
+        set_text(self.query_one("#latency", Static), lat)
         if s is None:
             for gid in ("#draft-util", "#target-util", "#branches"):
                 self.query_one(gid, Gauge).set(None, "—")
