@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from ssd_edge.cli.stats_text import rate_text
+from ssd_edge.stats_text import rate_text
 from ssd_edge.events import LiveStats, Round, Stats
 
 RATE_WINDOW = 6      # rounds averaged into "tokens/s now"

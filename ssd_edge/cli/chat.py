@@ -33,7 +33,7 @@ from .. import paths, settings
 from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
 from .signals import EXIT_TERMINATED, CancelOnSignal
-from .stats_text import stats_line, stats_table
+from ..stats_text import stats_line, stats_table
 
 PROMPT = "you › "
 MORE = "  … "

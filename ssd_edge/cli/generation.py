@@ -24,7 +24,7 @@ from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal
-from .stats_text import stats_line
+from ..stats_text import stats_line
 
 log = logging.getLogger("ssd_edge.cli")
 

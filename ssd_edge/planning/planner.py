@@ -302,11 +302,10 @@ class Planner:
         committed position (accepted drafts, then its own) where wants_confidence."""
         for p in committed_top1:
             self.confidence.add(p)
-        if not self.prefilled:  # the prompt's round: its time says nothing of a step
-            self.prefilled = True
-            return
-        self.rounds_resting = 0 if busy else self.rounds_resting + 1
-        self.costs.observe_target(drafted + 1, verify_ms, busy)
+        if self.prefilled:  # the prompt's round: its time says nothing of a step (its acceptance does)
+            self.rounds_resting = 0 if busy else self.rounds_resting + 1
+            self.costs.observe_target(drafted + 1, verify_ms, busy)
+        self.prefilled = True
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0
             for i in range(min(drafted, len(self.draft_alpha), accepted + 1)):

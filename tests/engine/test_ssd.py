@@ -103,7 +103,8 @@ def test_branch_cells_never_exceed_the_budget():
 def test_cache_key_is_accepted_count_and_emitted_token():
     # The draft disagrees every 7th position: some rounds reject (recovery branches a < k get hit),
     # some accept all (bonus branches a == k get hit).
-    eng, _ = fake_engine(disagree_every=7, budget_cells=64, fanout_max=8, target_delay=0.01)
+    # (a window of 6 outcomes from the start: both kinds of outcome are prepared whatever the estimates)
+    eng, _ = fake_engine(disagree_every=7, budget_cells=64, fanout_max=8, fanout_min=6, target_delay=0.01)
     events = list(eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd"))
     assert events[-1].tokens == run(eng, "ar").tokens
     rounds = [e.round for e in events[:-1]]
@@ -218,9 +219,10 @@ def test_abandoned_generator_joins_the_worker():
 
 
 def test_low_priority_branches_are_preempted_when_the_verify_result_arrives():
-    # Verify 35 ms; each draft decode 6 ms: the likeliest branch is done after ~30 ms, the
-    # batch of the others is still decoding when the engine asks, and gets aborted.
-    eng, draft_ctx = fake_engine(disagree_every=7, budget_cells=64, fanout_max=6, fanout_min=4,
+    # Verify 35 ms; each draft decode 6 ms: the likeliest branch (all accepted: this draft always
+    # agrees) is done after ~30 ms, the batch of the others is still decoding when the engine asks,
+    # and gets aborted.
+    eng, draft_ctx = fake_engine(disagree_every=0, budget_cells=64, fanout_max=6, fanout_min=4,
                                  target_delay=0.035, draft_delay=0.006)
     out = run(eng, "ssd", n=40)
     assert out.tokens == run(eng, "ar", n=40).tokens

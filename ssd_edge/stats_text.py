@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.table import Table
 from rich.text import Text
 
-from ..events import Stats
+from .events import Stats
 
 HEALTH_STYLE = {"healthy": "green", "fair": "yellow", "poor": "red", "n/a": "dim"}
 
