@@ -28,8 +28,8 @@ __all__ = ["Costs", "NGRAM_CAP", "Proposal", "Rounds", "build", "caps", "runs_be
 
 if TYPE_CHECKING:  # imported by the modes that pre-speculate (ssd, auto beside the target) alone
     from ..speculation.policy import PrespecPolicy
-    from .profile import Profile
     from ..speculation.prespec import LookupResult, PrespecWorker
+    from .profile import Profile
 
 
 class Proposal(NamedTuple):
@@ -59,14 +59,13 @@ def caps(mode: str, k: int | None) -> tuple[int, int]:
 class Rounds:
     """Each round's proposal and its bookkeeping, for one generation."""
 
-    def __init__(self, mode: str, planner: Planner, k_min: int, sampling: SamplingConfig, meter: Meter,
+    def __init__(self, mode: str, planner: Planner, k_min: int, sampling: SamplingConfig,
                  drafter: ModelDrafter | None = None, worker: PrespecWorker | None = None,
                  policy: PrespecPolicy | None = None, cancelled: Callable[[], bool] | None = None) -> None:
         self.mode = mode
         self.planner = planner
         self.k_min = k_min
         self.sampling = sampling
-        self.meter = meter
         self.drafter = drafter
         self.worker = worker
         self.policy = policy
@@ -230,9 +229,9 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
                                p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
     runs_worker = drafter is not None and (menu.worker == "always" or (menu.worker == "earned" and beside))
     if not runs_worker or p.budget_cells == 0:
-        return Rounds(mode, planner, cfg.spec.k_min, sampling, meter, drafter, cancelled=cancelled)
+        return Rounds(mode, planner, cfg.spec.k_min, sampling, drafter, cancelled=cancelled)
     from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
     from ..speculation.prespec import PrespecWorker
 
     worker = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled)
-    return Rounds(mode, planner, cfg.spec.k_min, sampling, meter, drafter, worker, PrespecPolicy(p), cancelled)
+    return Rounds(mode, planner, cfg.spec.k_min, sampling, drafter, worker, PrespecPolicy(p), cancelled)
