@@ -491,6 +491,34 @@ def test_calibrate_reports_plain_progress_lines_when_piped(monkeypatch, tmp_path
     assert lines[2:] == ["calibration interrupted; no profile saved"]
 
 
+def test_calibrate_show_prints_the_saved_profile_and_what_it_means(monkeypatch, tmp_path):
+    """--show measures nothing: the saved profile's table, its regime in words and the thread split
+    auto would use; without a profile, one line and exit 1."""
+    from ssd_edge.planning import profile as prof
+
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"GGUF" + b"\0" * 12)
+    d.write_bytes(b"GGUF" + b"\0" * 8)
+    monkeypatch.setattr(prof, "device_info", lambda: prof.DeviceInfo(machine="x86_64", cpu="fake", cores=2,
+                                                                     llama_cpp_python="0.3.36"))
+    code, out, err = run(["calibrate", "--show", "-m", str(t), "-md", str(d)])
+    assert code == 1 and "no profile for t.gguf + d.gguf" in err
+    steep = [36.0 * n for n in range(1, 18)]
+    costs = [prof.ThreadCosts(target_threads=a, draft_threads=b, target_ms=[x * (1.4 if a == 1 else 1) for x in steep],
+                              draft_ms=[12.0 * n for n in range(1, 18)], target_overlap=1.3, draft_overlap=1.2)
+             for a in (1, 2) for b in (1, 2)]
+    prof.save(prof.Profile(created="2026-12-02T00:00:00+00:00", device=prof.device_info(), target=prof.ModelId.of(t),
+                           draft=prof.ModelId.of(d), k_max=16, costs=costs,
+                           acceptance=prof.Acceptance(alpha=0.7, ngram_alpha=0.4, ngram_proposal_rate=0.1, hit_rate=0.3)))
+    code, out, err = run(["calibrate", "--show", "-m", str(t), "-md", str(d)])
+    assert code == 0, err
+    assert "verifying 4 tokens costs 4.0 steps here: compute-bound" in " ".join(out.split())
+    assert "the two models take turns" in " ".join(out.split())
+    code, out, _ = run(["calibrate", "--show", "--json", "-m", str(t), "-md", str(d)])
+    assert code == 0 and json.loads(out)["costs"][0]["target_overlap"] == 1.3
+
+
 # ---------------------------------------------------------------- models (tiny fake catalog)
 
 PARTS = {"tiny-a-part1": b"GGUF" + b"a" * 3000, "tiny-a-part2": b"b" * 2000, "tiny-b-part1": b"GGUF" + b"c" * 700}
