@@ -32,8 +32,8 @@ from pydantic import ValidationError
 from .. import paths, settings
 from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from .signals import EXIT_TERMINATED, CancelOnSignal
 from ..stats_text import stats_line, stats_table
+from .signals import EXIT_TERMINATED, CancelOnSignal
 
 PROMPT = "you › "
 MORE = "  … "

@@ -20,11 +20,11 @@ from .. import settings
 from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
+from ..stats_text import stats_line
 from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal
-from ..stats_text import stats_line
 
 log = logging.getLogger("ssd_edge.cli")
 
