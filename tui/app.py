@@ -19,20 +19,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 from functools import partial
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
 from textual.worker import Worker
 
-from ssd_edge import paths
 from ssd_edge.config import MODES, EngineConfig, ModelConfig
 from ssd_edge.errors import ConfigError
 from ssd_edge.models import catalog
@@ -41,7 +37,9 @@ from ssd_edge.models.catalog import load_catalog
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
 from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
+from .keys import KEYS
 from .live import LiveModel, finish_note
+from .logs import logs_to_file
 from .loader import (EngineFactory, calibrating_engine_factory, default_engine_factory, load_engine, missing_models,
                      model_label, pull_models)
 from .messages import EngineFailed, EngineLoaded, LogNotice, NoticeHandler, PullFinished, PullProgress, StreamWake
@@ -63,21 +61,7 @@ class SSDEdgeApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "ssd-edge"
     COMMANDS = App.COMMANDS | {SSDEdgeCommands}
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", tooltip="stop the reply being written, at once"),
-        Binding("ctrl+n", "new_chat", "New chat", tooltip="start an empty chat (keeps the system prompt)"),
-        Binding("ctrl+o", "open_chats", "Chats", tooltip="reopen a saved chat, or delete one"),
-        Binding("f1", "help", "Help", tooltip="this list"),
-        Binding("f2", "system_prompt", "System", tooltip="edit the chat's system prompt"),
-        Binding("f3", "toggle_provenance", "Provenance",
-                tooltip="colour each token by its origin: target, accepted draft, pre-speculation hit, n-gram"),
-        Binding("f4", "settings", "Settings", tooltip="mode, k, temperature, max tokens (no reload)"),
-        Binding("f5", "cycle_mode", "Mode", tooltip="next mode: ar, sd, lookup, ssd, auto"),
-        Binding("f6", "pick_models", "Models", tooltip="pick target and draft from the catalog (reloads)"),
-        Binding("ctrl+s", "screenshot", "Screenshot", show=False,
-                tooltip="save an SVG screenshot in the current folder (or $SSD_EDGE_SCREENSHOTS)"),
-        Binding("ctrl+q", "quit", "Quit", tooltip="stop the reply, save, close the models, leave"),
-    ]
+    BINDINGS = KEYS
 
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None,
                  engine_factory: EngineFactory = default_engine_factory, clock: Callable[[], float] = time.time,
@@ -496,39 +480,6 @@ class SSDEdgeApp(App[int]):
         engine, self.engine = self.engine, None
         if engine is not None:
             engine.close()
-
-
-@contextlib.contextmanager
-def logs_to_file() -> Iterator[Path]:
-    """While the app owns the terminal, log records go to a file instead of the
-    screen: handlers writing to stderr/stdout (e.g. the CLI's) are set aside and
-    put back afterwards."""
-    path = paths.home() / "logs" / "tui.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    handler.setLevel(logging.WARNING)
-    saved = []
-    for logger in (logging.getLogger(), logging.getLogger("ssd_edge")):
-        to_terminal = [h for h in logger.handlers if type(h) is logging.StreamHandler
-                       and getattr(h, "stream", None) in (sys.stderr, sys.stdout, sys.__stderr__, sys.__stdout__)]
-        for h in to_terminal:
-            logger.removeHandler(h)
-        saved.append((logger, to_terminal, logger.level))
-        if logger.level == logging.NOTSET or logger.level > logging.WARNING:
-            logger.setLevel(logging.WARNING)
-        if logger is logging.getLogger() or not logger.propagate:  # one copy of each record
-            logger.addHandler(handler)
-    try:
-        yield path
-    finally:
-        for logger, to_terminal, level in saved:
-            if handler in logger.handlers:
-                logger.removeHandler(handler)
-            for h in to_terminal:
-                logger.addHandler(h)
-            logger.setLevel(level)
-        handler.close()
 
 
 def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool = True,

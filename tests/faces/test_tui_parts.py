@@ -151,7 +151,7 @@ def test_logs_go_to_a_file_while_the_app_runs(tmp_path, monkeypatch):
     import logging
     import sys
 
-    from tui.app import logs_to_file
+    from tui.logs import logs_to_file
 
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path))
     cli_like = logging.StreamHandler(sys.stderr)  # what the CLI installs on the ssd_edge logger
