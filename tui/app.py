@@ -276,7 +276,8 @@ class SSDEdgeApp(App[int]):
         self.config = getattr(msg.engine, "config", self.config)
         self.query_one("#progress").display = False
         panel = self.query_one(LivePanel)
-        panel.show_models(self.engine.model_info, self.config)
+        profile = getattr(self.engine, "auto_profile", lambda: None)()  # read once, cached by the engine
+        panel.show_models(self.engine.model_info, self.config, regime=profile.regime() if profile else None)
         panel.show_settings(self.config, self.live)
         self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
 

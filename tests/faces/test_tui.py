@@ -321,3 +321,29 @@ async def test_engine_warnings_become_notifications():
         await wait_for(pilot, lambda: shown)
     assert shown == [("GPU offload asked for x.gguf, but this build has no GPU", "warning")]
     assert app._notices not in logging.getLogger("ssd_edge").handlers  # removed when the app ends
+
+
+async def test_the_models_panel_says_what_the_devices_verify_curve_means():
+    """With a calibration profile the panel names the regime ("only long copies pay" here, "speculation
+    pays" on a GPU), so a user who sees auto take plain steps knows why; without one it says nothing."""
+    import types
+
+    from ssd_edge.planning.costs import describe_regime
+
+    steep = describe_regime([36.0 * n for n in range(1, 6)])
+    make = factory()
+
+    def with_profile(config, models_dir):
+        engine = make(config, models_dir)
+        engine.auto_profile = lambda: types.SimpleNamespace(regime=lambda: steep)
+        return engine
+
+    app = make_app(with_profile)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        shown = " ".join(str(app.query_one("#models").render()).split())
+        assert "regime" in shown and "compute-bound" in shown
+    app = make_app(factory())
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        assert "regime" not in str(app.query_one("#models").render())

@@ -119,8 +119,9 @@ class LivePanel(VerticalScroll):
         yield Gauge("branch mem", id="branches")
 
     def show_models(self, info: tuple[ModelInfo | None, ModelInfo | None] | None, config: EngineConfig,
-                    status: str = "") -> None:
-        """The pair's names and, once loaded, what Engine.model_info says of each (None: not loaded)."""
+                    status: str = "", regime: str | None = None) -> None:
+        """The pair's names and, once loaded, what Engine.model_info says of each (None: not loaded);
+        regime: what the device's calibrated verify curve means for speculation, in words."""
         lines = Text()
         target, draft = info or (None, None)
         for role, mc, model_info in (("target", config.target, target), ("draft", config.draft, draft)):
@@ -133,6 +134,8 @@ class LivePanel(VerticalScroll):
                 lines.append(" " * 7).append(describe_model(model_info, mc.threads) + "\n", "dim")
             elif status:
                 lines.append(" " * 7).append(status + "\n", "dim")
+        if regime:
+            lines.append(f"{'regime':<7}", "bold").append(regime + "\n", "dim")
         lines.rstrip()
         self.query_one("#models", Static).update(lines)
 
