@@ -26,8 +26,7 @@ is spread over the tokens still to come (at most HORIZON).
 
 Evidence arrives even for proposers that did not run: the n-gram lookup is asked every round and
 scored against what the target committed; the draft's acceptance is estimated from the target's
-own confidence while only plain steps run (calibrated by the rounds where the draft did run), and
-a draft whose expected rate comes close to the plan's is tried again now and then (EXPLORE_AFTER).
+own confidence while only plain steps run (calibrated by the rounds where the draft did run).
 
 The pre-speculation worker (speculation/prespec.py) drafts the next round beside the verify: in
 `ssd` always (unless the SSD policy rolled it back or cut it), in `auto` only while it earns its
@@ -64,12 +63,6 @@ HORIZON = 128        # most tokens over which the draft's catch-up is spread
 HIT_PRIOR = 0.5      # how often a prepared round is used, until measured
 IDLE_EVERY = 16      # a worker busy this many rounds rests one, to time an idle verify (contention)
 IDLE_FIRST = 4       # ... this many, when no idle verify of that size was ever timed
-# A draft written off early (one bad round, and its acceptance is read from the target's confidence
-# from then on) is tried once more after this many rounds without it, where its expected rate is
-# within EXPLORE_WITHIN of the plan's: a fresh measurement, at the cost of one round. Where a draft
-# cannot pay (a compute-bound CPU: a verify of 4 costs 2.7 steps) it is never that close.
-EXPLORE_AFTER = 16
-EXPLORE_WITHIN = 0.75
 # n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
 # 32 and more, and each class's acceptance prior, until measured
 MATCH_CLASSES = (4, 8, 16, 32)
@@ -246,11 +239,6 @@ class Planner:
                        for m in self._lengths("draft", offer.room)]
         scored.sort(key=lambda x: -x[0])
         (rate, kind, m), rest = scored[0], scored[1:]
-        draft = next((x for x in scored if x[1] == "draft"), None)
-        if (kind == "plain" and draft is not None and self.rounds_since_draft >= EXPLORE_AFTER
-                and draft[0] >= EXPLORE_WITHIN * rate / (1.0 + PLAIN_MARGIN)):
-            rest = [x for x in scored if x is not draft]
-            (rate, kind, m) = draft  # try the draft again: its acceptance is measured, not inferred
         unmargin = lambda r, k: r / (1.0 + PLAIN_MARGIN) if k == "plain" else r  # noqa: E731
         ru = next(((k2, m2, unmargin(r2, k2)) for r2, k2, m2 in rest if k2 != kind), None)
         d = Decision(kind, m, unmargin(rate, kind), ru)

@@ -416,25 +416,3 @@ def test_the_worker_drafts_branches_as_deep_as_the_curve_pays():
 def test_fixed_modes_never_run_the_worker_unless_ssd():
     assert not planner(menu="sd").worker_runs(4)
     assert planner(menu="ssd", curve=STEEP, contention=3.0).worker_runs(4)
-
-
-def test_a_draft_written_off_early_is_tried_again_where_it_comes_close():
-    """Memory-bound: one bad first round wrote the draft off, and from the target's confidence alone
-    it looks a little worse than plain steps. After EXPLORE_AFTER plain rounds it is tried once more
-    (a fresh measurement); on a compute-bound curve, where it is nowhere near, it is not."""
-    from ssd_edge.planning.planner import EXPLORE_AFTER
-
-    def written_off(curve):
-        p = planner(cap=8, draft_ms=20.0, curve=curve)
-        p.observe("draft", 3, 0, curve[3], [0.9])          # one draft round: nothing accepted
-        kinds = []
-        for _ in range(EXPLORE_AFTER + 2):
-            d = p.plan(Offer(16, draft=True))
-            kinds.append(d.kind)
-            p.observe(d.kind, d.m if d.kind == "draft" else 0, 0, curve[d.m] if d.kind == "draft" else curve[0],
-                      [0.8] * 1)
-        return kinds
-
-    flat = written_off(FLAT)
-    assert flat[:EXPLORE_AFTER - 1] == ["plain"] * (EXPLORE_AFTER - 1) and "draft" in flat[EXPLORE_AFTER - 1:]
-    assert "draft" not in written_off(STEEP)
