@@ -355,7 +355,7 @@ class Bench:
 
 @dataclass(frozen=True)
 class BenchArgs:
-    """What `ssd-edge bench` was asked (cli/commands.py builds it from the flags; the defaults are the flags')."""
+    """What `ssd-edge bench` was asked (cli/measuring.py builds it from the flags; the defaults are the flags')."""
 
     model: str | None = None                     # -m; None: the catalog's default target
     model_draft: str | None = None               # -md; None: the default draft

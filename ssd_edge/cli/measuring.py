@@ -1,4 +1,4 @@
-"""ssd-edge bench and calibrate: the commands that measure (bench/ and auto/calibrate.py do the work).
+"""ssd-edge bench and calibrate: the commands that measure (bench/run.py and bench/calibrate.py do the work).
 They read their flags only, so the command line describes the run."""
 
 from __future__ import annotations
