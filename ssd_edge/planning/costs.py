@@ -154,15 +154,12 @@ class Costs:
             self.idle_ms[n] = running_mean(self.idle_ms.get(n), ms, Curve.ALPHA)
             self.idle_round[n] = self.rounds
             self.target.add(n, ms)
-        if self._draft_prior_follows:  # until a draft step is timed, a fixed share of the target's
+        if self._draft_prior_follows:  # the draft's prior (read only until a draft decode is timed)
             self.draft.step_prior = DRAFT_STEP_PRIOR * self.target.ms(1)
 
     def idle_stale(self, n: int, every: int) -> bool:
         """Whether no idle decode of n tokens was timed in the last `every` rounds."""
         return self.rounds - self.idle_round.get(n, -every) >= every
-
-    def verify_in_steps(self, n: int) -> float:
-        return self.target.ms(n) / self.step_ms()
 
 
 def describe_regime(verify_ms: Sequence[float]) -> str:
