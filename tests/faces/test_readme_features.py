@@ -12,18 +12,10 @@ from ssd_edge.settings import resolve
 from ssd_edge.server import create_app
 from ssd_edge.server.runner import options
 from test_cli import clean_env, one_error, run  # noqa: F401  (clean_env: an autouse fixture)
-from test_serve import fake_engine, metric
+from test_serve import client, fake_engine, metric  # noqa: F401  (client: test_serve's fixture)
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "count"}]
-
-
-@pytest.fixture
-def client():
-    eng = fake_engine()
-    with TestClient(create_app(eng, model_id="fake")) as c:
-        c.engine = eng
-        yield c
 
 
 def test_max_completion_tokens_caps_the_answer_and_wins_over_max_tokens(client):
