@@ -6,7 +6,8 @@
 #   scripts/build_llama_tools.sh                    # -> ~/.cache/ssd-edge/llama-tools/bin
 #   scripts/build_llama_tools.sh --rpc-server-only  # -> ~/.cache/ssd-edge/rpc-server/VERSION-HASH/ggml-rpc-server
 #
-# Built targets: llama-speculative-simple (draft-model speculation),
+# Built targets: llama-speculative-simple (draft-model speculation), llama-lookup
+# (n-gram lookup decoding),
 # llama-simple (plain decoding), llama-bench and ggml-rpc-server (llama.cpp's
 # rpc-server, the other side of `--rpc`; `ssd-edge rpc-server` launches it).
 # Same AMX-safe flags as scripts/setup.sh (see FIELD_NOTES: AMX tile
@@ -33,7 +34,7 @@ out="${SSD_EDGE_LLAMA_TOOLS:-$cache_root/llama-tools}"
 python="${PYTHON:-$root/.venv/bin/python}"
 [[ -x "$python" ]] || python=python3
 jobs="${JOBS:-$(nproc)}"
-targets=(llama-speculative-simple llama-simple llama-bench ggml-rpc-server)
+targets=(llama-speculative-simple llama-lookup llama-simple llama-bench ggml-rpc-server)
 rpc_only=0
 for arg in "$@"; do
   case "$arg" in

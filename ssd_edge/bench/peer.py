@@ -1,7 +1,9 @@
-"""The peer column of `ssd-edge bench`: llama.cpp's own speculative decoding
-(`llama-speculative-simple`, built by scripts/build_llama_tools.sh from the
-llama.cpp sources that the pinned llama-cpp-python carries) on the same models,
-prompt text, threads and draft length, read from its own timing output:
+"""The peer columns of `ssd-edge bench`: llama.cpp's own speculative decoding
+(`llama-speculative-simple`, the draft model) and its n-gram lookup decoding
+(`llama-lookup`, the target alone), built by scripts/build_llama_tools.sh from
+the llama.cpp sources that the pinned llama-cpp-python carries, on the same
+models, prompt text, threads and draft length, read from their own timing
+output (both tools print the same lines):
 
     decoded  120 tokens in   10.512 seconds, speed:   11.416 t/s
     n_drafted = 96
@@ -25,6 +27,8 @@ from pathlib import Path
 from .. import paths
 
 BINARY = "llama-speculative-simple"
+LOOKUP = "llama-lookup"  # beside BINARY in the same build
+TOOLS = {"draft": BINARY, "lookup": LOOKUP}  # a peer's kind -> its binary
 _DECODED = re.compile(r"decoded\s+(\d+)\s+tokens in\s+([0-9.]+)\s+seconds, speed:\s+([0-9.]+) t/s")
 _ENCODED = re.compile(r"encoded\s+(\d+)\s+tokens in\s+([0-9.]+)\s+seconds")
 _FIELD = re.compile(r"\b(n_drafted|n_accept|n_predict|n_draft)\s*=\s*(\d+)")
@@ -36,8 +40,9 @@ def default_dirs() -> list[Path]:
     return out + [paths.home() / "llama-tools" / "bin"]
 
 
-def find_binary(tools_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The llama-speculative-simple binary: in `tools_dir` (or its bin/), the default build folder, or PATH."""
+def find_binary(tools_dir: str | os.PathLike[str] | None = None, name: str = BINARY) -> Path | None:
+    """A llama.cpp tool (llama-speculative-simple unless named): in `tools_dir` (or its bin/), the
+    default build folder, or PATH."""
     dirs = []
     if tools_dir:
         d = Path(tools_dir).expanduser()
@@ -45,12 +50,12 @@ def find_binary(tools_dir: str | os.PathLike[str] | None = None) -> Path | None:
     else:
         dirs += default_dirs()
     for d in dirs:
-        p = d / BINARY
+        p = d / name
         if p.is_file() and os.access(p, os.X_OK):
             return p
     if tools_dir:
         return None
-    found = shutil.which(BINARY)
+    found = shutil.which(name)
     return Path(found) if found else None
 
 
@@ -65,10 +70,10 @@ class PeerRun:
 
 
 def parse_output(text: str) -> PeerRun:
-    """Read llama-speculative-simple's timing lines; ValueError if they are missing."""
+    """Read a peer's timing lines; ValueError if they are missing."""
     m = _DECODED.search(text)
     if not m:
-        raise ValueError("no 'decoded N tokens in S seconds' line in llama-speculative-simple's output")
+        raise ValueError("no 'decoded N tokens in S seconds' line in the llama.cpp tool's output")
     fields = {k: int(v) for k, v in _FIELD.findall(text)}
     enc = _ENCODED.search(text)
     return PeerRun(tokens=int(m.group(1)), decode_s=float(m.group(2)), tokens_per_s=float(m.group(3)),
@@ -76,17 +81,21 @@ def parse_output(text: str) -> PeerRun:
                    accepted=fields.get("n_accept", 0))
 
 
-def command(binary: Path, target: Path, draft: Path, prompt_file: Path, *, k: int, target_threads: int,
+def command(binary: Path, target: Path, draft: Path | None, prompt_file: Path, *, k: int, target_threads: int,
             draft_threads: int, max_tokens: int, temperature: float, seed: int, n_ctx: int) -> list[str]:
-    return [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
-            "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
-            "-t", str(target_threads), "-tb", str(target_threads), "-td", str(draft_threads),
-            "-tbd", str(draft_threads), "-c", str(n_ctx), "-n", str(max_tokens), "--temp", str(temperature),
-            "--seed", str(seed), "-f", str(prompt_file)]
+    """The peer's command line: llama-speculative-simple with the draft model, or llama-lookup
+    (draft None: n-gram lookup over the prompt and the answer so far, the target alone)."""
+    common = ["-t", str(target_threads), "-tb", str(target_threads), "-c", str(n_ctx), "-n", str(max_tokens),
+              "--temp", str(temperature), "--seed", str(seed), "-f", str(prompt_file), "--spec-draft-n-max", str(k)]
+    if draft is None:
+        return [str(binary), "-m", str(target), *common]
+    return [str(binary), "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", *common,
+            "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(draft_threads), "-tbd", str(draft_threads)]
 
 
-def run(binary: Path, target: Path, draft: Path, prompt_text: str, *, timeout_s: float = 600, **kwargs) -> PeerRun:
-    """Run llama-speculative-simple once on `prompt_text` (already rendered with the chat template)."""
+def run(binary: Path, target: Path, draft: Path | None, prompt_text: str, *, timeout_s: float = 600,
+        **kwargs) -> PeerRun:
+    """Run a peer once on `prompt_text` (already rendered with the chat template); draft None: llama-lookup."""
     with tempfile.TemporaryDirectory(prefix="ssd-edge-peer-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         prompt_file.write_text(prompt_text)

@@ -54,11 +54,11 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
         peak_rss_mib=max(r.peak_rss_mib for r in runs))
 
 
-def _peer_row(setting: str, k: int, category: str, runs: list[PeerRecord]) -> SummaryRow:
+def _peer_row(setting: str, kind: str, k: int, category: str, runs: list[PeerRecord]) -> SummaryRow:
     decode_s = sum(r.decode_s for r in runs)
     drafted = sum(r.drafted for r in runs)
     return SummaryRow(
-        setting=setting, mode=peer_mode(k), category=category, k=k, runs=len(runs), tokens=sum(r.tokens for r in runs),
+        setting=setting, mode=peer_mode(k, kind), category=category, k=k, runs=len(runs), tokens=sum(r.tokens for r in runs),
         tokens_per_s=sum(r.tokens for r in runs) / decode_s if decode_s else 0.0,
         tokens_per_s_std=statistics.pstdev([r.tokens_per_s for r in runs]) if len(runs) > 1 else 0.0,
         speedup_vs_ar=None, ttft_ms=None, latency_p50_ms=None, latency_p95_ms=None,
@@ -66,8 +66,9 @@ def _peer_row(setting: str, k: int, category: str, runs: list[PeerRecord]) -> Su
         hit_rate=None, draft_util=None, target_util=None, peak_rss_mib=None)
 
 
-def peer_mode(k: int) -> str:
-    return f"llama.cpp k={k}"
+def peer_mode(k: int, kind: str = "draft") -> str:
+    """A peer's row name: `llama.cpp k=3` (speculative-simple, the draft model), `llama.cpp lookup k=3`."""
+    return f"llama.cpp k={k}" if kind == "draft" else f"llama.cpp {kind} k={k}"
 
 
 def summarize(runs: Iterable[RunRecord], peer: Iterable[PeerRecord] = (), k: int | None = None) -> list[SummaryRow]:
@@ -79,11 +80,11 @@ def summarize(runs: Iterable[RunRecord], peer: Iterable[PeerRecord] = (), k: int
         groups[(r.setting, r.mode, r.category)].append(r)
         groups[(r.setting, r.mode, ALL)].append(r)
     rows = [_rows_for(s, m, c, rs, 0 if m == "ar" else (None if m == "auto" else k)) for (s, m, c), rs in groups.items()]
-    pgroups: dict[tuple[str, int, str], list[PeerRecord]] = defaultdict(list)
+    pgroups: dict[tuple[str, str, int, str], list[PeerRecord]] = defaultdict(list)
     for r in peer:
-        pgroups[(r.setting, r.k, r.category)].append(r)
-        pgroups[(r.setting, r.k, ALL)].append(r)
-    rows += [_peer_row(s, kk, c, rs) for (s, kk, c), rs in pgroups.items()]
+        pgroups[(r.setting, r.kind, r.k, r.category)].append(r)
+        pgroups[(r.setting, r.kind, r.k, ALL)].append(r)
+    rows += [_peer_row(s, kind, kk, c, rs) for (s, kind, kk, c), rs in pgroups.items()]
     base = {(r.setting, r.category): r.tokens_per_s for r in rows if r.mode == "ar"}
     for r in rows:
         ar = base.get((r.setting, r.category))
@@ -143,7 +144,7 @@ def goals(rows: list[SummaryRow], modes: Iterable[str], stand_ins: Iterable[str]
                     v = auto.ttft_ms / ar.ttft_ms
                     out.append(Goal(name=f"{s}, {c}: auto's first token vs ar's", threshold="<= 1.10x", value=v,
                                     met=v <= 1.10, detail=f"{auto.ttft_ms:.0f} vs {ar.ttft_ms:.0f} ms"))
-            peer = best(s, ALL, [r.mode for r in rows if r.mode.startswith("llama.cpp")])
+            peer = best(s, ALL, [r.mode for r in rows if r.mode.startswith("llama.cpp k=")])  # speculative-simple
             if memory and peer is not None:
                 ratio_goal(f"{s}, {ALL}: auto vs llama.cpp's speculative decoding", 1.25, _get(rows, s, "auto", ALL),
                            peer)

@@ -221,6 +221,7 @@ class Bench:
         self.profile: dict[str, Any] | None = None
         self.notes: list[str] = []
         self.peer_bin = None if args.no_peer else bench_peer.find_binary(args.llama_tools)
+        self.lookup_bin = None if args.no_peer else bench_peer.find_binary(args.llama_tools, bench_peer.LOOKUP)
         self.t0 = time.perf_counter()
 
     def units(self) -> int:
@@ -237,9 +238,11 @@ class Bench:
         a = self.args
         out = list(a.modes)
         if self.peer_bin is not None:
-            out.append(f"peer:{self.peer_k}")
+            out.append(f"peer:draft:{self.peer_k}")
             if p.category == "code":
-                out += [f"peer:{k}" for k in a.peer_k if k != self.peer_k]
+                out += [f"peer:draft:{k}" for k in a.peer_k if k != self.peer_k]
+        if self.lookup_bin is not None:
+            out.append(f"peer:lookup:{self.peer_k}")
         return out
 
     def target_of(self, s: Setting) -> Path:
@@ -255,6 +258,7 @@ class Bench:
 
     def run(self, tick: Tick, calibrating: Callable[[str, float], None]) -> None:
         from .calibrate import ensure_profile
+        from . import report as bench_report
         from ..engine import Engine
 
         a = self.args
@@ -290,27 +294,30 @@ class Bench:
                         jobs = self.jobs(p)
                         shift = (i + rep) % len(jobs)
                         for job in jobs[shift:] + jobs[:shift]:  # rotated per prompt: drift hits all modes alike
-                            tick(f"{s.name}: {job.replace('peer:', 'llama.cpp k=')} · {p.id}")
                             if job.startswith("peer:"):
-                                self._peer(engine, s, p, int(job[5:]), rep, seed)
+                                _, kind, k = job.split(":")
+                                tick(f"{s.name}: {bench_report.peer_mode(int(k), kind)} · {p.id}")
+                                self._peer(engine, s, p, kind, int(k), rep, seed)
                             else:
+                                tick(f"{s.name}: {job} · {p.id}")
                                 self.records.append(run_one(engine, s.name, job, p, rep=rep, seed=seed,
                                                             max_tokens=a.max_tokens, temperature=a.temp))
                             tick("")
 
-    def _peer(self, engine, s: Setting, p: BenchPrompt, k: int, rep: int, seed: int) -> None:
+    def _peer(self, engine, s: Setting, p: BenchPrompt, kind: str, k: int, rep: int, seed: int) -> None:
         from . import peer as bench_peer
 
         a = self.args
+        binary, draft = (self.peer_bin, self.draft) if kind == "draft" else (self.lookup_bin, None)
         try:
-            r = bench_peer.run(self.peer_bin, self.target_of(s), self.draft, engine.render_chat(p.messages), k=k,
+            r = bench_peer.run(binary, self.target_of(s), draft, engine.render_chat(p.messages), k=k,
                                target_threads=s.target_threads, draft_threads=s.draft_threads,
                                max_tokens=p.max_tokens or a.max_tokens, temperature=a.temp, seed=seed,
                                n_ctx=a.ctx_size)
         except (RuntimeError, ValueError, OSError) as e:
-            self.peer_errors.append(f"{s.name} {p.id} k={k}: {e}")
+            self.peer_errors.append(f"{s.name} {p.id} {bench_peer.TOOLS[kind]} k={k}: {e}")
             return
-        self.peer_runs.append(PeerRecord(setting=s.name, prompt_id=p.id, category=p.category, k=k, rep=rep,
+        self.peer_runs.append(PeerRecord(setting=s.name, prompt_id=p.id, category=p.category, k=k, kind=kind, rep=rep,
                                          prompt_tokens=r.prompt_tokens, tokens=r.tokens, decode_s=r.decode_s,
                                          tokens_per_s=r.tokens_per_s, drafted=r.drafted, accepted=r.accepted))
 
@@ -323,7 +330,9 @@ class Bench:
             available=self.peer_bin is not None, binary=str(self.peer_bin) if self.peer_bin else None,
             version=bench_peer.version(self.peer_bin) if self.peer_bin else None,
             note=("llama-speculative-simple --spec-type draft-simple, same models, rendered prompt, threads, "
-                  "draft length, --spec-draft-p-min 0, greedy; tokens/s from its 'decoded' line")
+                  "draft length, --spec-draft-p-min 0, greedy; tokens/s from its 'decoded' line"
+                  + ("; llama-lookup (n-gram lookup, the target alone) at the same draft length" if self.lookup_bin
+                     else "; llama-lookup not found"))
             if self.peer_bin else ("not available: --no-peer" if a.no_peer else
                                    "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh "
                                    "or --llama-tools DIR)"),

@@ -103,6 +103,8 @@ class PeerRecord(BaseModel):
     prompt_id: str
     category: str
     k: int
+    kind: Literal["draft", "lookup"] = Field(
+        "draft", description="llama-speculative-simple with the draft model, or llama-lookup (n-gram, target alone)")
     rep: int
     prompt_tokens: int
     tokens: int

@@ -93,7 +93,7 @@ def bench(
                                                   "comma-separated, run on the code prompts only (to find its best k "
                                                   "there); it always runs at -k on every prompt",
                                                   show_default=False)] = None,
-    no_peer: Annotated[bool, typer.Option("--no-peer", help="skip llama.cpp's speculative decoding")] = False,
+    no_peer: Annotated[bool, typer.Option("--no-peer", help="skip llama.cpp's own runs (llama-speculative-simple, llama-lookup)")] = False,
     recalibrate: Annotated[bool, typer.Option("--recalibrate", help="calibrate again before the run even if a "
                                               "profile exists")] = False,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="skip bench.png")] = False,

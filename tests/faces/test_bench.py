@@ -87,7 +87,9 @@ def fake_runs() -> list[RunRecord]:
 def fake_peer() -> list[PeerRecord]:
     return [PeerRecord(setting="shared", prompt_id=p, category=c, k=k, rep=0, prompt_tokens=20, tokens=32,
                        decode_s=6.4 if k == 4 else 8.0, tokens_per_s=5.0, drafted=40, accepted=28)
-            for p, c in (("p1", "code"), ("p2", "prose")) for k in (3, 4)]
+            for p, c in (("p1", "code"), ("p2", "prose")) for k in (3, 4)] + [
+        PeerRecord(setting="shared", prompt_id=p, category=c, k=4, kind="lookup", rep=0, prompt_tokens=20, tokens=32,
+                   decode_s=1.0, tokens_per_s=32.0, drafted=40, accepted=30) for p, c in (("p1", "code"), ("p2", "prose"))]
 
 
 def test_summary_is_ratio_of_sums_and_speedups_are_within_the_setting():
@@ -106,6 +108,8 @@ def test_summary_is_ratio_of_sums_and_speedups_are_within_the_setting():
     peer = get[("shared", "llama.cpp k=4", "code")]
     assert peer.tokens_per_s == pytest.approx(32 / 6.4) and peer.speedup_vs_ar == pytest.approx(5.0 / 4.0)
     assert peer.acceptance == pytest.approx(0.7)
+    lookup = get[("shared", "llama.cpp lookup k=4", "all")]   # llama-lookup: a row of its own
+    assert lookup.tokens_per_s == pytest.approx(32.0) and lookup.runs == 2
 
 
 def test_goals_compare_the_right_rows():
@@ -131,7 +135,8 @@ def test_a_stand_in_setting_is_held_to_the_memory_bound_speedups():
     assert g.value == pytest.approx(8.0 / 4.1) and g.met and g.threshold == ">= 1.60x"
     assert goals["shared, prose: auto vs ar"].threshold == ">= 1.15x"
     assert goals["shared, code: auto vs the best fixed mode"].threshold == ">= 0.97x"
-    assert goals["shared, all: auto vs llama.cpp's speculative decoding"].threshold == ">= 1.25x"
+    g = goals["shared, all: auto vs llama.cpp's speculative decoding"]
+    assert g.threshold == ">= 1.25x" and "llama.cpp k=" in g.detail  # speculative-simple (lookup is faster here)
     assert goals["separate, code: auto vs ar"].threshold == ">= 0.97x"  # not a stand-in setting
 
 
@@ -211,6 +216,15 @@ def test_peer_command_uses_the_renamed_flags_and_the_same_settings(tmp_path):
     for part in ("--spec-type draft-simple", "--spec-draft-n-max 4", "-t 1", "-td 1", "-n 64", "--temp 0.0",
                  "--seed 3", "-md /d.gguf"):
         assert part in joined
+
+
+def test_lookup_peer_runs_the_target_alone_at_the_same_settings(tmp_path):
+    cmd = bench_peer.command(Path("/b/llama-lookup"), Path("/t.gguf"), None, tmp_path / "p.txt", k=4,
+                             target_threads=2, draft_threads=2, max_tokens=64, temperature=0.0, seed=3, n_ctx=2048)
+    joined = " ".join(cmd)
+    for part in ("/b/llama-lookup -m /t.gguf", "--spec-draft-n-max 4", "-t 2", "-n 64", "--temp 0.0", "--seed 3"):
+        assert part in joined
+    assert "-md" not in cmd and "-td" not in cmd
 
 
 def test_peer_binary_is_found_in_a_tools_folder_or_reported_missing(tmp_path):
