@@ -106,10 +106,10 @@ class SamplingConfig(_Strict):
 
 
 class SpecConfig(_Strict):
-    # None: auto and ssd draft as long as this device's verify curve pays for (up to 8 tokens from the
-    # draft model, 16 from an n-gram copy; planning/planner.py), the fixed modes 3 (llama.cpp's default)
+    # None: auto drafts as long as this device's verify curve pays for (up to 8 tokens from the draft
+    # model, 16 from an n-gram copy; planning/planner.py), the fixed modes 3 (llama.cpp's default)
     k: int | None = Field(default=None, ge=1, le=32, description="most draft tokens per round (--draft-max); "
-                          "unset: auto and ssd choose per round up to 8 (draft) or 16 (n-gram), sd and lookup 3")
+                          "unset: auto chooses per round up to 8 (draft) or 16 (n-gram), sd, lookup and ssd draft 3")
     k_min: int = Field(default=0, ge=0, le=32, description="rounds with fewer drafted tokens verify none (--draft-min)")
     p_min: float = Field(default=0.0, ge=0.0, lt=1.0,
                          description="stop drafting when the draft's top probability falls below this (--draft-p-min)")

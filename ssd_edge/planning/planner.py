@@ -27,6 +27,12 @@ is spread over the tokens still to come (at most HORIZON).
 Evidence arrives even for proposers that did not run: the n-gram lookup is asked every round and
 scored against what the target committed; the draft's acceptance is estimated from the target's
 own confidence while only plain steps run (calibrated by the rounds where the draft did run).
+One bad round early can still write the draft off where it would pay (its acceptance and that
+calibration both drop), so where the device could reward a good draft handsomely (upside: a
+draft accepted at EXPLORE_ALPHA would beat plain steps by EXPLORE_UPSIDE, on a memory-bound
+target) a plain-step stretch is broken by a short probe now and then, the wait doubling after
+each probe the plan does not follow. On a compute-bound CPU the upside is below 1.1 and no probe
+ever runs.
 
 The pre-speculation worker (speculation/prespec.py) drafts the next round beside the verify: in
 `ssd` always (unless the SSD policy rolled it back or cut it), in `auto` only while it earns its
@@ -63,6 +69,14 @@ HORIZON = 128        # most tokens over which the draft's catch-up is spread
 HIT_PRIOR = 0.5      # how often a prepared round is used, until measured
 IDLE_EVERY = 16      # a worker busy this many rounds rests one, to time an idle verify (contention)
 IDLE_FIRST = 4       # ... this many, when no idle verify of that size was ever timed
+# Probing a written-off draft (see the module docstring): where a draft accepted at EXPLORE_ALPHA
+# would beat plain steps by EXPLORE_UPSIDE, EXPLORE_K tokens are drafted after EXPLORE_FIRST plain
+# rounds, then after twice as many each time the probe is not followed, up to EXPLORE_MOST.
+EXPLORE_ALPHA = 0.9
+EXPLORE_UPSIDE = 1.25
+EXPLORE_K = 3
+EXPLORE_FIRST = 8
+EXPLORE_MOST = 64
 # n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
 # 32 and more, and each class's acceptance prior, until measured
 MATCH_CLASSES = (4, 8, 16, 32)
@@ -141,6 +155,8 @@ class Planner:
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
         self.rounds_since_draft = 0
+        self.explore_wait = EXPLORE_FIRST                          # plain rounds before the next probe
+        self.probes = 0
         self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)         # prepared rounds used / looked up
         self.rounds_resting = 0                                    # rounds since the worker last prepared
         self.busy_streak = 0                                       # rounds the worker has drafted in a row
@@ -199,6 +215,24 @@ class Planner:
         fresh = 0.5 ** (self.rounds_resting / 8.0)
         return fresh * self.hits.value + (1.0 - fresh) * HIT_PRIOR
 
+    def upside(self) -> float:
+        """How much faster than plain steps a draft accepted at EXPLORE_ALPHA would make tokens here,
+        at its best length: above 1.5 where verifying is nearly free, about 1 on a compute-bound CPU."""
+        lengths = self._lengths("draft", self.caps["draft"])
+        verify, step = self.costs.target.ms, self.costs.draft.ms(1)
+        a = EXPLORE_ALPHA
+        best = max(((1.0 - a ** (m + 1)) / (1.0 - a) / (verify(m + 1) + m * step) for m in lengths), default=0.0)
+        return best * self.costs.step_ms()
+
+    def _probe(self, offer: Offer, kind: Kind) -> int:
+        """The length of a probe of the draft this round (0: none; see the module docstring)."""
+        if kind != "plain" or not offer.draft or "draft" not in self.menu.kinds:
+            return 0
+        if self.rounds_since_draft < self.explore_wait or self.upside() < EXPLORE_UPSIDE:
+            return 0
+        m = min(max(EXPLORE_K, self.k_min), self.caps["draft"], offer.room)
+        return m if m >= max(1, self.k_min) else 0
+
     def _lengths(self, kind: Kind, room: int) -> range:
         return range(max(1, self.k_min), min(self.caps[kind], room) + 1)
 
@@ -241,6 +275,13 @@ class Planner:
         (rate, kind, m), rest = scored[0], scored[1:]
         unmargin = lambda r, k: r / (1.0 + PLAIN_MARGIN) if k == "plain" else r  # noqa: E731
         ru = next(((k2, m2, unmargin(r2, k2)) for r2, k2, m2 in rest if k2 != kind), None)
+        if kind in ("draft", "prepared"):
+            self.explore_wait = EXPLORE_FIRST  # the plan drafts on its own: probes start over
+        probe = self._probe(offer, kind)
+        if probe:  # the draft is measured again rather than inferred; the next probe waits longer
+            self.probes += 1
+            self.explore_wait = min(2 * self.explore_wait, EXPLORE_MOST)
+            kind, m, rate, ru = "draft", probe, 0.0, (kind, m, unmargin(rate, kind))
         d = Decision(kind, m, unmargin(rate, kind), ru)
         self.log.append((kind, m, round(d.rate * 1e3, 2), *((ru[0], ru[1], round(ru[2] * 1e3, 2)) if ru else ())))
         log.debug("plan: %s", d.describe())
@@ -257,8 +298,8 @@ class Planner:
             return True
         if self.menu.worker == "off":
             return False
-        if not self.prefilled:  # the prompt is read in the first round either way: the draft must catch up
-            return True
+        if not self.prefilled:  # the draft reads the prompt beside the target's own reading of it, unless
+            return self.upside() >= 1.0  # no draft could beat plain steps here (a compute-bound CPU)
         # rest one round now and then: an idle verify of this size prices the worker's cost (soon
         # after it starts when none was ever timed, then every IDLE_EVERY busy rounds)
         every = IDLE_EVERY if verifying in self.costs.idle_ms else IDLE_FIRST
@@ -360,6 +401,8 @@ class Planner:
                 "draft_step_ms": round(self.costs.draft.ms(1), 2),
                 "contention": round(self.costs.contention, 3),
                 "prepared_hit_rate": round(self.hit_rate(), 3),
+                "upside": round(self.upside(), 3),
+                "probes": self.probes,
                 "rounds": [list(x) for x in self.log]}
 
 

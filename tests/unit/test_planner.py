@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from ssd_edge.planning.costs import CONTENTION_FLOOR, Costs, Curve, Rate, describe_regime
-from ssd_edge.planning.planner import IDLE_EVERY, MENUS, Offer, Planner, match_class
+from ssd_edge.planning.planner import EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, IDLE_EVERY, MENUS, Offer, Planner, match_class
 from ssd_edge.speculation.drafters import NgramDrafter
 
 # A CPU-like target (FIELD_NOTES, 1.5B at 2 threads, Intel): 4 tokens cost ~1.6 steps.
@@ -119,6 +119,55 @@ def test_a_flat_curve_gets_the_draft_model_and_longer_drafts():
     d = p.plan(Offer(16, draft=True))
     assert d.kind == "draft" and d.m > 3
     assert d.rate > 1.5 / 100.0  # at least 1.5x a plain step, by the planner's own estimate
+
+
+def plain_rounds_until_draft(p: Planner, limit: int, confidence: float = 0.6) -> int | None:
+    """Plain steps (the target `confidence` sure) until the plan drafts; the rounds it took, or None."""
+    for n in range(limit):
+        d = p.plan(Offer(16, remaining=200, draft=True))
+        if d.kind == "draft":
+            return n
+        p.observe("plain", 0, 0, p.costs.target.ms(1), [confidence])
+    return None
+
+
+def test_a_draft_written_off_early_is_probed_again_where_it_could_pay_much():
+    """Memory-bound: one bad first round (nothing accepted) writes the draft off, and the target's
+    middling confidence would keep it off. A short probe comes after EXPLORE_FIRST plain rounds,
+    each unfollowed probe doubles the wait, and a good probe brings the draft back."""
+    p = planner(cap=8, draft_ms=12.0, curve=FLAT)
+    assert p.upside() > 1.5
+    p.observe("draft", 3, 0, p.costs.target.ms(4), [0.6])
+    assert plain_rounds_until_draft(p, EXPLORE_FIRST) is None
+    waits = []
+    for _ in range(3):  # probes that fail: the draft stays off between them, each wait twice the last
+        n = plain_rounds_until_draft(p, EXPLORE_MOST + 1)
+        assert n is not None and p.log[-1][:2] == ("draft", EXPLORE_K)
+        waits.append(n)
+        p.observe("draft", EXPLORE_K, 0, p.costs.target.ms(EXPLORE_K + 1), [0.6])
+    assert waits[1] >= 2 * EXPLORE_FIRST - 1 and waits[2] >= 2 * waits[1] - 1
+    assert p.probes == 3 and p.report()["probes"] == 3
+    for _ in range(3):  # the text turns predictable: a probe accepted whole brings the draft back
+        n = plain_rounds_until_draft(p, EXPLORE_MOST + 1)
+        p.observe("draft", EXPLORE_K, EXPLORE_K, p.costs.target.ms(EXPLORE_K + 1), [0.95] * (EXPLORE_K + 1))
+    assert plain_rounds_until_draft(p, 2, confidence=0.95) == 0
+
+
+def test_a_compute_bound_target_never_probes_the_draft():
+    """Compute-bound (a verify of 4 costs 2.7 steps): even a draft accepted 90% of the time would
+    not beat plain steps, so a written-off draft is never probed (each probe would cost a round)."""
+    p = planner(cap=8, draft_ms=12.0, curve=STEEP)
+    assert p.upside() < 1.1
+    p.observe("draft", 3, 0, p.costs.target.ms(4), [0.6])
+    assert plain_rounds_until_draft(p, 300) is None and p.probes == 0
+
+
+@pytest.mark.parametrize("curve, reads", [(STEEP, False), (FLAT, True)])
+def test_the_worker_reads_the_prompt_only_where_a_draft_could_pay(curve, reads):
+    """The prompt's round: the worker reads the prompt beside the target where drafts may follow,
+    and leaves the target its memory bandwidth where none could beat a plain step."""
+    p = Planner(MENUS["auto"], Costs(curve, draft_step_ms=12.0, contention=1.05), draft_cap=8, ngram_cap=16)
+    assert p.worker_runs(1) is reads
 
 
 def test_a_long_exact_copy_gets_long_ngram_drafts_where_verifying_is_cheap():
@@ -279,7 +328,7 @@ def test_report_names_every_estimate():
     p.plan(Offer(3, draft=True))
     rep = p.report()
     assert set(rep) >= {"decisions", "draft_alpha", "step_ms", "verify_ms", "draft_step_ms", "rounds", "regime",
-                        "contention", "prepared_hit_rate"}
+                        "contention", "prepared_hit_rate", "upside", "probes"}
     assert sum(rep["decisions"].values()) == 1
     (kind, m, rate, ru_kind, ru_m, ru_rate), = rep["rounds"]  # why: the choice and the runner-up, in tok/s
     assert kind in ("plain", "draft") and ru_kind != kind and rate >= ru_rate > 0
