@@ -357,7 +357,7 @@ class Bench:
                for p in {Path(s.target) for s in self.settings if s.target}],
             options=opts, settings=self.settings, engine_configs=self.engine_configs, prompts=self.prompts,
             profile=self.profile, runs=self.records, peer=peer, summary=summary,
-            goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in]), notes=notes)
+            goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in and s.target_threads == self.cores]), notes=notes)
 
 
 # ---------------------------------------------------------------- what was asked
