@@ -77,6 +77,7 @@ class Guard:
         try:
             refusal = self._refusal(scope)
             if refusal is not None:
+                await _drain(receive, DRAIN_MOST)
                 await error_response(refusal)(scope, receive, send_counted)
                 return
             await self.app(scope, self._limited(receive), send_counted)
@@ -108,9 +109,30 @@ class Guard:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
+                    if message.get("more_body", False):
+                        await _drain(receive, DRAIN_MOST)
                     raise _too_large(self.max_body)
             return message
         return limited
+
+
+# A refused request's body is read and dropped, up to this much, before the error is sent: a client
+# that sends its whole body before it reads (Python's urllib, some SDKs) would otherwise see the
+# connection reset under it instead of the answer. Reverse proxies do the same ("lingering close").
+DRAIN_MOST = 64 << 20
+
+
+async def _drain(receive: Receive, most: int) -> None:
+    """Read and drop the request's body, up to `most` bytes (then the connection closes with the
+    answer, as before)."""
+    seen = 0
+    while seen <= most:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client went away
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def _too_large(limit: int) -> APIError:

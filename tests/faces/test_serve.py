@@ -324,6 +324,31 @@ def test_a_10_mb_body_is_refused_before_it_is_read(client):
     assert client.post(TEXT, json={"prompt": "a", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.parametrize("api_key", [None, "k"])
+def test_every_client_sees_the_413_even_one_that_sends_its_whole_body_first(live, api_key):
+    """urllib writes the whole body before it reads a byte: an answer sent (and the socket closed)
+    while the body still arrives reached it as "connection reset by peer". The server reads and
+    drops a refused body (up to DRAIN_MOST) before it answers, also where the API key is wrong."""
+    import urllib.error
+    import urllib.request
+
+    from openai import APIStatusError, OpenAI
+
+    srv = live(max_body=2048, api_key=api_key)
+    big = json.dumps({"model": "fake", "prompt": "x" * (12 << 20)}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key or 'none'}"}
+    req = urllib.request.Request(srv.url + TEXT, data=big, headers=headers)
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    assert err.value.code == 413 and json.loads(err.value.read())["error"]["code"] == "request_too_large"
+    client = OpenAI(base_url=srv.url + "/v1", api_key=api_key or "none", max_retries=0)
+    with pytest.raises(APIStatusError) as err:
+        client.completions.create(model="fake", prompt="x" * (12 << 20), max_tokens=2)
+    assert err.value.status_code == 413
+    ok = client.completions.create(model="fake", prompt="a", max_tokens=2)  # and it keeps serving
+    assert ok.usage.completion_tokens == 2
+
+
 def test_unknown_routes_and_methods_answer_in_the_same_shape(client):
     r = client.get("/v1/nothing")
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
