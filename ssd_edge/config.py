@@ -71,6 +71,9 @@ def parse_endpoints(text: str | Sequence[str] | None) -> list[Endpoint]:
     return out
 
 
+KVType = Literal["f16", "q8_0", "q4_0"]  # KV cache types offered (llama.cpp's -ctk/-ctv take these among others)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -83,6 +86,22 @@ class ModelConfig(_Strict):
                            "offloaded layers (--rpc); the target only")
     rpc_timeout_s: float = Field(default=60.0, gt=0, description="most seconds one decode may wait on an rpc-server "
                                  "before it is declared lost (a load may take ten times this)")
+    # memory (llama.cpp's own flags and defaults): the KV cache's types, flash attention, and how the
+    # weights are held (mapped from the file, or read in; locked in RAM or not)
+    cache_type_k: KVType = Field(default="f16", description="KV cache type of K (-ctk, -ctkd for the draft)")
+    cache_type_v: KVType = Field(default="f16", description="KV cache type of V (-ctv, -ctvd); quantized V needs "
+                                 "flash attention")
+    flash_attn: Literal["on", "off", "auto"] = Field(default="auto", description="flash attention (-fa); auto: "
+                                                     "where the backend supports it")
+    mlock: bool = Field(default=False, description="lock the weights in RAM (--mlock)")
+    mmap: bool = Field(default=True, description="map the weights from the file (off: --no-mmap reads them in)")
+
+    @model_validator(mode="after")
+    def _quantized_v_needs_flash_attention(self) -> "ModelConfig":
+        if self.cache_type_v != "f16" and self.flash_attn == "off":
+            raise ValueError(f"a quantized V cache ({self.cache_type_v}) needs flash attention: use -fa on or auto, "
+                             "or an f16 V cache")
+        return self
 
     @field_validator("rpc")
     @classmethod

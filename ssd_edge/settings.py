@@ -62,7 +62,7 @@ class Option:
         return "/".join(self.decls)
 
 
-_M, _R, _S, _X, _O, SERVER = "Models", "Runtime", "Sampling", "Speculation", "Output", "Server"
+_M, _R, _MEM, _S, _X, _O, SERVER = "Models", "Runtime", "Memory", "Sampling", "Speculation", "Output", "Server"
 OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("model", ("-m", "--model"), str, "target model: a catalog name or a .gguf path (default: the "
            "catalog's default target)", _M),
@@ -87,6 +87,18 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("threads_draft", ("-td", "--threads-draft"), int, "draft threads (default: for ssd, a third of the "
            "cores, at least 1, since draft and target run at the same time; for sd, all cores, since they take "
            "turns)", _R),
+    Option("cache_type_k", ("-ctk", "--cache-type-k"), str, "KV cache type of the target's K: f16, q8_0, q4_0 "
+           "(default f16)", _MEM),
+    Option("cache_type_v", ("-ctv", "--cache-type-v"), str, "KV cache type of the target's V: f16, q8_0, q4_0 "
+           "(default f16; quantized V needs flash attention)", _MEM),
+    Option("cache_type_k_draft", ("-ctkd", "--cache-type-k-draft"), str, "KV cache type of the draft's K "
+           "(default f16)", _MEM),
+    Option("cache_type_v_draft", ("-ctvd", "--cache-type-v-draft"), str, "KV cache type of the draft's V "
+           "(default f16)", _MEM),
+    Option("flash_attn", ("-fa", "--flash-attn"), str, "flash attention: on, off or auto (default auto: where "
+           "the backend has it)", _MEM),
+    Option("mlock", ("--mlock",), bool, "lock the models' weights in RAM (never swapped out)", _MEM),
+    Option("no_mmap", ("--no-mmap",), bool, "read the weights into memory instead of mapping the files", _MEM),
     Option("ctx_size", ("-c", "--ctx-size"), int, "context size in tokens, prompt and answer together "
            "(default 4096)", _R),
     Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
@@ -126,6 +138,9 @@ _FIELD_OPTION = {
     ("target", "threads"): "threads", ("draft", "threads"): "threads_draft",
     ("target", "n_gpu_layers"): "n_gpu_layers", ("draft", "n_gpu_layers"): "n_gpu_layers_draft",
     ("target", "rpc"): "rpc",
+    ("target", "cache_type_k"): "cache_type_k", ("target", "cache_type_v"): "cache_type_v",
+    ("draft", "cache_type_k"): "cache_type_k_draft", ("draft", "cache_type_v"): "cache_type_v_draft",
+    ("target", "flash_attn"): "flash_attn", ("draft", "flash_attn"): "flash_attn",
     ("n_ctx",): "ctx_size", ("mode",): "mode",
     ("sampling", "temperature"): "temp", ("sampling", "top_k"): "top_k", ("sampling", "top_p"): "top_p",
     ("sampling", "min_p"): "min_p", ("spec", "k"): "draft_max", ("spec", "k_min"): "draft_min",
@@ -282,9 +297,21 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
             if v is not None}
     rpc = _rpc_endpoints(s)
     ngl = s["n_gpu_layers"] if s["n_gpu_layers"] is not None else (-1 if rpc else 0)
+    if s["flash_attn"] == "off":
+        for name in ("cache_type_v", "cache_type_v_draft"):
+            if s[name] not in (None, "f16"):
+                raise ConfigError(f"{OPTIONS[name].flag} {s[name]}{s.origin(name)} needs flash attention, and "
+                                  f"{OPTIONS['flash_attn'].flag} is off{s.origin('flash_attn')}: use -fa on or "
+                                  "auto, or an f16 V cache")
+    memory = {k: v for k, v in (("flash_attn", s["flash_attn"]), ("mlock", s["mlock"] or None),
+                                ("mmap", False if s["no_mmap"] else None)) if v is not None}
+    kv = {k: v for k, v in (("cache_type_k", s["cache_type_k"]), ("cache_type_v", s["cache_type_v"])) if v is not None}
+    kvd = {k: v for k, v in (("cache_type_k", s["cache_type_k_draft"]), ("cache_type_v", s["cache_type_v_draft"]))
+           if v is not None}
     raw: dict[str, Any] = dict(
-        target=dict(path=target, threads=t, n_gpu_layers=ngl, rpc=rpc),
-        draft=dict(path=draft, threads=td, n_gpu_layers=s["n_gpu_layers_draft"] or 0) if draft else None,
+        target=dict(path=target, threads=t, n_gpu_layers=ngl, rpc=rpc, **memory, **kv),
+        draft=dict(path=draft, threads=td, n_gpu_layers=s["n_gpu_layers_draft"] or 0, **memory, **kvd)
+        if draft else None,
         mode=mode, sampling=sampling, spec=spec, verbose=bool(s["verbose"]),
         # no -t/-td: each generation re-splits the cores for its own mode (/mode in chat, the TUI)
         threads_follow_mode=s["threads"] is None and s["threads_draft"] is None)
@@ -315,8 +342,8 @@ def reason(e: ValidationError) -> str:
         "greater_than": f"must be greater than {ctx.get('gt')}",
         "less_than_equal": f"must be at most {ctx.get('le')}",
         "less_than": f"must be less than {ctx.get('lt')}",
-        "literal_error": "choose one of " + ", ".join(MODES),
-    }.get(err["type"], err["msg"])
+        "literal_error": "choose one of " + str(ctx.get("expected", ", ".join(MODES))).replace("'", ""),
+    }.get(err["type"], err["msg"]).removeprefix("Value error, ")
 
 
 def _explain(e: ValidationError, s: Settings) -> ConfigError:

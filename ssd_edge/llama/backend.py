@@ -62,11 +62,13 @@ class Model:
     """A loaded GGUF model."""
 
     def __init__(self, path: str | os.PathLike[str], n_gpu_layers: int = 0, verbose: bool = False,
-                 rpc: Sequence[str] = (), rpc_timeout_s: float = 60.0, repack: bool = True):
+                 rpc: Sequence[str] = (), rpc_timeout_s: float = 60.0, repack: bool = True, mmap: bool = True,
+                 mlock: bool = False):
         """rpc: endpoints of llama.cpp rpc-servers whose devices take this model's offloaded layers (the
         n_gpu_layers), ahead of any local GPU. A model without rpc never uses an RPC device, even after
         another model registered one (the draft stays local). repack=False keeps the weights in llama.cpp's
-        plain CPU layout (no extra buffer types), as an rpc-server's CPU device holds them."""
+        plain CPU layout (no extra buffer types), as an rpc-server's CPU device holds them. mmap=False reads
+        the weights into memory instead of mapping the file (--no-mmap); mlock locks them in RAM (--mlock)."""
         self.path = Path(path)
         check_gguf_file(self.path)  # before loading llama.cpp: a wrong path is named without the library
         self.endpoints = parse_endpoints(list(rpc))
@@ -80,6 +82,8 @@ class Model:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers if n_gpu_layers >= 0 else 1 << 30
         params.use_extra_bufts = repack
+        params.use_mmap = mmap
+        params.use_mlock = mlock
         devices = GUARD.devices_for(self.endpoints, rpc_timeout_s)
         if devices is not None:  # NULL-terminated; llama.cpp copies the list during the load
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
@@ -223,6 +227,12 @@ def check_same_vocab(target: Model, draft: Model) -> None:
                                      f"{target.token_text(t)!r} vs {draft.token_text(t)!r})")
 
 
+# llama.cpp's enum values (ggml_type; llama_flash_attn_type), spelled here so that importing this
+# module does not load the library (library.ll is lazy); tests/real checks them against llama_cpp's
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+
 class Context:
     """A llama_context: KV cache, thread count, batch buffer.
 
@@ -231,9 +241,14 @@ class Context:
     branches of SSD live here).
     """
 
-    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, threads: int = 1, n_seq_max: int = 1):
+    def __init__(self, model: Model, n_ctx: int, n_batch: int = 512, threads: int = 1, n_seq_max: int = 1,
+                 cache_type_k: str = "f16", cache_type_v: str = "f16", flash_attn: str = "auto"):
+        """cache_type_k/v: the KV cache's types (f16, q8_0, q4_0; -ctk/-ctv); flash_attn: on, off, auto (-fa)."""
         self.model = model
         params = ll.llama_context_default_params()
+        params.type_k = KV_TYPES[cache_type_k]
+        params.type_v = KV_TYPES[cache_type_v]
+        params.flash_attn_type = FLASH_ATTN[flash_attn]
         params.n_ctx = n_ctx
         params.n_batch = n_batch
         params.n_ubatch = n_batch
@@ -250,7 +265,9 @@ class Context:
         else:
             ptr = ll.llama_init_from_model(model.ptr, params)
         if not ptr:
-            raise DecodeError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}")
+            kv = "" if cache_type_k == cache_type_v == "f16" else \
+                f" with a {cache_type_k}/{cache_type_v} KV cache (flash attention {flash_attn})"
+            raise DecodeError(f"llama.cpp could not create a context of {n_ctx} tokens for {model.path.name}{kv}")
         self.ptr = ptr
         self.n_ctx = int(ll.llama_n_ctx(ptr))
         self.n_batch = n_batch
