@@ -19,6 +19,7 @@ and one-token logits; see tests/lossless_check.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from .coupling import fresh_seed, gumbel_picks
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import ModelInfo
-from .llama.backend import Context, Model, check_same_vocab
+from .llama.backend import Context, Model, check_gguf_file, check_same_vocab
 from .llama.kvseq import Cancelled, KVSeq
 from .llama.timing import DecodeTimer
 from .metrics import Ema, Meter
@@ -39,6 +40,8 @@ from .planning import rounds as planned
 from .sampling import probs
 from .text import StopText
 from .verify import verify
+
+log = logging.getLogger(__name__)
 
 Event = TokenEvent | FinishEvent
 PROVENANCE = {"none": "target", "draft": "draft", "prespec": "prespec", "ngram": "ngram"}
@@ -57,77 +60,152 @@ class Completion:
     stats: Stats
 
 
-def _load(config: EngineConfig, models_dir: str | None) -> tuple[Model, Context, Model | None, Context | None]:
-    """The target, the draft and their contexts (all closed again if any fails to load)."""
-    target = Model(resolve_model(config.target.path, models_dir), config.target.n_gpu_layers, config.verbose,
-                   rpc=config.target.rpc, rpc_timeout_s=config.target.rpc_timeout_s)
-    target_ctx = Context(target, config.n_ctx, config.n_batch, config.target.threads)
-    draft = draft_ctx = None
+def _load_target(config: EngineConfig, models_dir: str | None) -> tuple[Model, Context]:
+    """The target and its context (the model closed again if the context fails)."""
+    t = config.target
+    target = Model(resolve_model(t.path, models_dir), t.n_gpu_layers, config.verbose, rpc=t.rpc,
+                   rpc_timeout_s=t.rpc_timeout_s, mmap=t.mmap, mlock=t.mlock)
     try:
-        if config.draft is not None:
-            draft = Model(resolve_model(config.draft.path, models_dir), config.draft.n_gpu_layers, config.verbose)
-            check_same_vocab(target, draft)
-            # Unified KV: the main sequence plus one per branch; cells for the budget, the longest
-            # draft the worker reads after the history, and a margin.
-            n_ctx = config.n_ctx + config.prespec.budget_cells + 2 * (config.spec.k or planned.NGRAM_CAP) + 16
-            draft_ctx = Context(draft, n_ctx, config.n_batch, config.draft.threads, config.prespec.fanout_max + 1)
+        return target, Context(target, config.n_ctx, config.n_batch, t.threads, cache_type_k=t.cache_type_k,
+                               cache_type_v=t.cache_type_v, flash_attn=t.flash_attn)
     except BaseException:
-        for obj in (draft_ctx, draft, target_ctx, target):
-            if obj is not None:
-                obj.close()
+        target.close()
         raise
-    return target, target_ctx, draft, draft_ctx
+
+
+def _load_draft(config: EngineConfig, path: Path, target: Model, n_seqs: int, budget_cells: int
+                ) -> tuple[Model, Context]:
+    """The draft and its context, checked against the target's vocabulary. Its KV cache is unified:
+    the main sequence plus one per branch (n_seqs in all); cells for the history, the branch budget,
+    the longest draft the worker reads after the history, and a margin."""
+    d = config.draft
+    assert d is not None
+    draft = Model(path, d.n_gpu_layers, config.verbose, mmap=d.mmap, mlock=d.mlock)
+    try:
+        check_same_vocab(target, draft)
+        n_ctx = config.n_ctx + budget_cells + 2 * (config.spec.k or planned.NGRAM_CAP) + 16
+        return draft, Context(draft, n_ctx, config.n_batch, d.threads, n_seqs, cache_type_k=d.cache_type_k,
+                              cache_type_v=d.cache_type_v, flash_attn=d.flash_attn)
+    except BaseException:
+        draft.close()
+        raise
 
 
 # ---------------------------------------------------------------- the engine
+
+def _info_of(model: Any) -> ModelInfo | None:
+    return model.info() if model is not None and hasattr(model, "info") else None
+
 
 class Engine:
     """Owns the models and their contexts; runs one generation at a time."""
 
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None, profiles: bool = True) -> None:
         """profiles=False: the planner never reads this device's calibration profile and plans from what
-        each generation times alone (tests that must see the draft paths, whatever a profile says)."""
+        each generation times alone (tests that must see the draft paths, whatever a profile says).
+
+        The draft model is loaded only when a generation may use it (load_draft): not for ar or
+        lookup, and not for auto where this device's profile says no draft could beat plain steps
+        (a compute-bound CPU), so those run in the target's memory alone. A mode that needs it later
+        loads it first, between generations (Stats.draft_load_s)."""
         if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
-        self._attach(config, *_load(config, models_dir))
+        draft_path = resolve_model(config.draft.path, models_dir) if config.draft is not None else None
+        if draft_path is not None:
+            check_gguf_file(draft_path)  # a wrong draft is named now, not at the first round that drafts
+        self._attach(config, *_load_target(config, models_dir))
+        self._draft_path = draft_path
         self._profile_looked_up = not profiles
+        try:
+            if self.uses_draft(config.mode):
+                self.load_draft()
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def from_parts(cls, config: EngineConfig, target: Any, target_ctx: Any, draft: Any = None,
                    draft_ctx: Any = None) -> "Engine":
         """An engine over models and contexts built elsewhere (the tests' fake backend)."""
         self = cls.__new__(cls)
-        self._attach(config, target, target_ctx, draft, draft_ctx)
+        self._attach(config, target, target_ctx)
+        self._draft_path = Path(draft.path) if draft is not None else None
+        if draft is not None:
+            self._attach_draft(draft, draft_ctx)
         return self
 
-    def _attach(self, config: EngineConfig, target: Any, target_ctx: Any, draft: Any, draft_ctx: Any) -> None:
+    def _attach(self, config: EngineConfig, target: Any, target_ctx: Any) -> None:
         self.config = config
         self.target, self.target_ctx = target, target_ctx
         self.target_kv = KVSeq(target_ctx)
-        self.draft, self.draft_ctx = draft, draft_ctx
-        self.draft_kv = KVSeq(draft_ctx, 0) if draft_ctx is not None else None
-        self.n_draft_seqs = draft_ctx.n_seq_max if draft_ctx is not None else 0
-        self.budget_cells_max = config.prespec.budget_cells  # the draft context was sized for this many
+        # the draft's context is sized once, for the settings the engine loads with (configure keeps to them)
+        self.n_draft_seqs = config.prespec.fanout_max + 1
+        self.budget_cells_max = config.prespec.budget_cells
+        self.draft = self.draft_ctx = self.draft_kv = None
+        self.draft_cell_bytes = 0
         # read once here (the loading thread): a face asks model_info, never the models themselves
-        self._info = tuple(m.info() if m is not None and hasattr(m, "info") else None for m in (target, draft))
-        # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring
-        self.draft_cell_bytes = self._info[1].kv_bytes_per_cell if self._info[1] is not None else 0
+        self._info: tuple[ModelInfo | None, ModelInfo | None] = (_info_of(target), None)
         self._lock = threading.Lock()
         self.profile = None  # this device's calibration profile (planning/profile.py); loaded on first use
         self._profile_looked_up = False
         self._step_ms: dict[int, Ema] = {}  # target threads -> ms of a plain target step, over generations
 
+    def _attach_draft(self, draft: Any, draft_ctx: Any) -> None:
+        self.draft, self.draft_ctx = draft, draft_ctx
+        self.draft_kv = KVSeq(draft_ctx, 0)
+        self.n_draft_seqs = draft_ctx.n_seq_max
+        self._info = (self._info[0], _info_of(draft))
+        # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring
+        self.draft_cell_bytes = self._info[1].kv_bytes_per_cell if self._info[1] is not None else 0
+
+    def load_draft(self) -> float:
+        """Load the configured draft model now if it is not loaded; the seconds it took (0: it was)."""
+        if self.draft is not None or self._draft_path is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._attach_draft(*_load_draft(self.config, self._draft_path, self.target, self.n_draft_seqs,
+                                        self.budget_cells_max))
+        took = time.perf_counter() - t0
+        log.info("loaded the draft model %s in %.2f s", self._draft_path.name, took)
+        return took
+
+    def release_draft(self) -> None:
+        """Free the draft model and its KV cache (between generations); a mode that drafts loads it again."""
+        if self.draft is None:
+            return
+        ctx, model = self.draft_ctx, self.draft
+        self.draft = self.draft_ctx = self.draft_kv = None
+        self._info = (self._info[0], None)
+        self.draft_cell_bytes = 0
+        for obj in (ctx, model):
+            obj.close()
+        log.info("released the draft model %s", self._draft_path.name if self._draft_path else "")
+
+    def uses_draft(self, mode: str | None = None) -> bool:
+        """Whether a generation in `mode` may draft with the draft model: sd and ssd always, ar and
+        lookup never, auto unless this device's profile says no draft could beat plain steps at the
+        threads auto runs with (planning.rounds.draft_can_pay). mode None: the configured mode."""
+        mode = mode or self.config.mode
+        if self._draft_path is None or mode in ("ar", "lookup"):
+            return False
+        if mode != "auto":
+            return True
+        cfg = self.config
+        if cfg.threads_follow_mode:
+            cfg = planned.threads_for("auto", cfg, True, self.auto_profile())
+        return planned.draft_can_pay(cfg, self.auto_profile())
+
     # ------------------------------------------------------------ settings
     def configure(self, **changes: Any) -> EngineConfig:
         """Change settings between generations, e.g. configure(mode="sd", k=6, temperature=0.7)."""
         new = self.config.with_changes(**changes)
-        if new.mode in ("sd", "ssd") and self.draft is None:
+        if new.mode in ("sd", "ssd") and not self.has_draft:
             raise ConfigError(f"mode '{new.mode}' needs a draft model, and none is loaded")
         if new.n_ctx != self.config.n_ctx:
             raise ConfigError("n_ctx is fixed when the engine loads")
-        if self.draft is not None and new.prespec.fanout_max + 1 > self.n_draft_seqs:
+        if self.has_draft and new.prespec.fanout_max + 1 > self.n_draft_seqs:
             raise ConfigError(f"fanout_max is at most {self.n_draft_seqs - 1} for the loaded draft context")
-        if self.draft is not None and new.prespec.budget_cells > self.budget_cells_max:
+        if self.has_draft and new.prespec.budget_cells > self.budget_cells_max:
             raise ConfigError("budget_cells cannot grow past the value the engine loaded with")
         self.config = new
         return new
@@ -170,13 +248,14 @@ class Engine:
             raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens and does not fit in the context of "
                                    f"{self.config.n_ctx} (raise -c/--ctx-size)")
         mode = mode or self.config.mode
-        if mode in ("sd", "ssd") and self.draft is None:
+        if mode in ("sd", "ssd") and not self.has_draft:
             raise ConfigError(f"mode '{mode}' needs a draft model (-md)")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
+            loaded_s = self.load_draft() if self.draft is None and self.uses_draft(mode) else None
             yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(),
-                                 sampling or self.config.sampling)
+                                 sampling or self.config.sampling, loaded_s)
         finally:
             self._lock.release()
 
@@ -189,7 +268,8 @@ class Engine:
                              profile=self.auto_profile() if mode in ("ssd", "auto") and self.has_draft else None)
 
     def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
-             s: SamplingConfig) -> Iterator[Event]:
+             s: SamplingConfig, draft_load_s: float | None = None) -> Iterator[Event]:
+        """One generation; draft_load_s: the draft model was loaded for it first, in that many seconds."""
         cfg = self.config
         if cfg.threads_follow_mode:
             cfg = planned.threads_for(mode, cfg, self.has_draft, self.auto_profile() if mode == "auto" else None)
@@ -243,7 +323,7 @@ class Engine:
         finally:
             rounds.close()
         tail = text.finish()
-        stats = meter.stats(seed=None if s.greedy else seed, auto=rounds.report())
+        stats = meter.stats(seed=None if s.greedy else seed, auto=rounds.report(), draft_load_s=draft_load_s)
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     def _commit(self, tokens: list[int], room: int, text: StopText) -> _Committed:
@@ -268,6 +348,11 @@ class Engine:
 
     @property
     def has_draft(self) -> bool:
+        """Whether a draft model is configured (loaded, or loaded when a mode first needs it)."""
+        return self._draft_path is not None
+
+    @property
+    def draft_loaded(self) -> bool:
         return self.draft is not None
 
     @property
@@ -275,16 +360,17 @@ class Engine:
         """Whether the configured mode prices its rounds with this device's calibration profile: auto
         with a draft model (`ssd-edge calibrate`, or the measuring on first use), the target on this
         device (a profile measures a target here, not one across --rpc servers)."""
-        return self.draft is not None and self.config.mode == "auto" and not self.config.target.rpc
+        return self.has_draft and self.config.mode == "auto" and not self.config.target.rpc
 
     @property
     def model_paths(self) -> tuple[Path, Path | None]:
         """The target's and the draft's files (None: no draft)."""
-        return Path(self.target.path), Path(self.draft.path) if self.draft is not None else None
+        return Path(self.target.path), Path(self.draft.path) if self.draft is not None else self._draft_path
 
     @property
     def model_info(self) -> tuple[ModelInfo | None, ModelInfo | None]:
-        """The target's and the draft's metadata, read at load (None: no draft, or a fake model)."""
+        """The target's and the draft's metadata, read at load (None: no draft, a draft not loaded yet,
+        or a fake model)."""
         return self._info
 
     n_vocab = property(lambda self: self.target.n_vocab)
@@ -317,7 +403,8 @@ class Engine:
             if ctx is not None and n is not None and getattr(ctx, "threads", n) != n:
                 ctx.set_threads(n)
 
-    def decode_timer(self) -> DecodeTimer:  # timing decodes on the loaded pair, for calibration
+    def decode_timer(self) -> DecodeTimer:  # timing decodes on the pair (the draft loaded first), for calibration
+        self.load_draft()
         return DecodeTimer(self.target_kv, self.draft_kv)
 
     def close(self) -> None:

@@ -157,6 +157,7 @@ class Stats:
     seed: int | None = None             # a sampled generation's seed (replays it in any mode); None: greedy
     auto: AutoStats | None = None       # mode auto only
     first_round_tokens: int = 0         # tokens the first round emitted (it carries the prompt's prefill)
+    draft_load_s: float | None = None   # the draft model was loaded for this generation first, in this long
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))

@@ -152,9 +152,11 @@ class Meter:
             target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=cells,
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
-    def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None) -> Stats:
+    def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None,
+              draft_load_s: float | None = None) -> Stats:
         """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
-        greedy); auto: mode auto's report (the planner's figures and "concurrent")."""
+        greedy); auto: mode auto's report (the planner's figures and "concurrent"); draft_load_s: the
+        draft model was loaded before this generation, in that many seconds."""
         wall = self.elapsed()
         ttft = (self.t_first - self.t0) if self.t_first else None
         drafted = int(self.drafted_at.sum())
@@ -184,4 +186,4 @@ class Meter:
             draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
             latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
-            first_round_tokens=self.first_round_tokens)
+            first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s)

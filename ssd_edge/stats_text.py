@@ -39,6 +39,8 @@ def stats_line(stats: Stats, state: str | None = None) -> Text:
         out.append(" · hit rate ")
         out.append(f"{_num(pre.hit_rate)} {pre.health}", style=HEALTH_STYLE.get(pre.health, ""))
     out.append(f" · mode {stats.mode}" + (f" ({state})" if state and state != stats.mode else ""))
+    if stats.draft_load_s is not None:  # not in the first token's time: it was loaded before the prompt
+        out.append(f" · draft loaded first ({stats.draft_load_s:.1f} s)")
     return out
 
 
@@ -55,6 +57,7 @@ def stats_table(stats: Stats) -> Table:
         ("rounds", str(stats.rounds)),
         ("wall", f"{_num(stats.wall_s)} s"),
         ("first token", f"{_num(stats.ttft_s)} s"),
+        *([("draft loaded first", f"{stats.draft_load_s:.2f} s")] if stats.draft_load_s is not None else []),
         ("decode speed", f"{_num(stats.tokens_per_s if stats.decoded else None, '.1f')} tok/s"),
         ("end to end", f"{_num(stats.end_to_end_tokens_per_s, '.1f')} tok/s"),
         ("latency p50 / p95", f"{_num(stats.latency_ms_p50, '.0f')} / {_num(stats.latency_ms_p95, '.0f')} ms"),

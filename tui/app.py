@@ -8,8 +8,8 @@ worker threads; they only post messages (tui/messages.py) or fill an Outbox
 
 A streaming reply is drawn in frames, at most one every FRAME_INTERVAL: a frame
 drains the outbox and redraws only what changed (the reply's text when it grew,
-a screen layout only when its height did, each gauge and line of the panel only
-when its value did). On a CPU-only device the model needs every core, and the
+a screen layout only when its height did); the panel at most every PANEL_INTERVAL,
+each gauge and line of it only when its value changed. On a CPU-only device the model needs every core, and the
 UI's work takes from them (issue 24: scripts/tui_speed.py measures it). The
 chat is saved at most SAVE_INTERVAL behind the screen, and at the reply's end.
 """
@@ -50,6 +50,7 @@ from .widgets.panel import LivePanel
 
 FRAME_INTERVAL = 0.1  # seconds between frames while a reply streams (10 a second at most)
 SAVE_INTERVAL = 1.0   # seconds between saves of the chat while a reply streams (and once at its end)
+PANEL_INTERVAL = 0.25  # seconds between panel redraws while a reply streams (gauges, rates, sparkline)
 EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
               ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
 
@@ -88,6 +89,8 @@ class SSDEdgeApp(App[int]):
         self._frame_due = False         # a frame is scheduled (by _frame_timer, or next in the queue)
         self._frame_timer: Any = None
         self._last_save = 0.0
+        self._last_panel = 0.0
+        self._shown_info: Any = None    # the engine's model_info the panel shows
         self.frames = 0                 # frames drawn (scripts/tui_speed.py reports frames per second)
         self._load_started = 0.0
 
@@ -225,21 +228,26 @@ class SSDEdgeApp(App[int]):
         self.draw(finished=done, grew=grew)
 
     def draw(self, finished: bool = False, grew: bool = True) -> None:
-        """Redraw the streaming reply (when it grew, or ended) and the panel (each widget only when its
-        value changed); save the chat at most every SAVE_INTERVAL while the reply streams, and at its end."""
+        """Redraw the streaming reply (when it grew, or ended) and the panel (at most every PANEL_INTERVAL,
+        each widget only when its value changed); save the chat at most every SAVE_INTERVAL while the
+        reply streams, and at its end."""
         self.frames += 1
         if self.reply_view is not None and (grew or finished):
             self.reply_view.streaming = not finished and self.phase == "generating"
             if self.reply_view.refresh_message():
                 self.query_one(ChatView).follow()
-        panel = self.query_one(LivePanel)
-        panel.show_live(self.live)
-        panel.show_settings(self.config, self.live)
         now = time.monotonic()
+        if finished or now - self._last_panel >= PANEL_INTERVAL:
+            self._last_panel = now
+            panel = self.query_one(LivePanel)
+            panel.show_live(self.live)
+            panel.show_settings(self.config, self.live)
         if finished or now - self._last_save >= SAVE_INTERVAL:
             self._last_save = now
             self.save_chat()
         if finished:
+            if self.engine is not None and getattr(self.engine, "model_info", None) != self._shown_info:
+                self.show_models()
             self.phase = "ready"
             self.set_status(f"Ready · {self.config.mode}", error=bool(self.reply and self.reply.note.startswith("error")))
             if self.pending:
@@ -275,11 +283,15 @@ class SSDEdgeApp(App[int]):
         self.engine, self.phase, self.fallback = msg.engine, "ready", None
         self.config = getattr(msg.engine, "config", self.config)
         self.query_one("#progress").display = False
-        panel = self.query_one(LivePanel)
-        profile = getattr(self.engine, "auto_profile", lambda: None)()  # read once, cached by the engine
-        panel.show_models(self.engine.model_info, self.config, regime=profile.regime() if profile else None)
-        panel.show_settings(self.config, self.live)
+        self.show_models()
+        self.query_one(LivePanel).show_settings(self.config, self.live)
         self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
+
+    def show_models(self) -> None:
+        """The loaded pair in the panel (again after a reply for which the engine loaded its draft)."""
+        profile = getattr(self.engine, "auto_profile", lambda: None)()  # read once, cached by the engine
+        self._shown_info = self.engine.model_info
+        self.query_one(LivePanel).show_models(self._shown_info, self.config, regime=profile.regime() if profile else None)
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.phase, self.exit_code = "failed", msg.exit_code

@@ -213,6 +213,8 @@ def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> pro
     """Measure and save this device's profile for the engine's pair (FIRST_USE settings). A failure
     or Ctrl-C part way saves nothing: the profile is written whole at the end, or not at all."""
     p, _ = ensure_profile(engine, recalibrate=True, progress=progress, **FIRST_USE)
+    if not engine.uses_draft():  # mode auto where no draft can pay (a compute-bound CPU): the target alone
+        engine.release_draft()
     return p
 
 

@@ -24,7 +24,7 @@ from ..speculation.drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
 from .costs import Costs
 from .planner import DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, SERVED, Decision, Offer, Planner
 
-__all__ = ["Costs", "NGRAM_CAP", "Proposal", "Rounds", "build", "caps", "runs_beside", "threads_for"]
+__all__ = ["Costs", "NGRAM_CAP", "Proposal", "Rounds", "build", "caps", "draft_can_pay", "runs_beside", "threads_for"]
 
 if TYPE_CHECKING:  # imported by the modes that pre-speculate (ssd, auto beside the target) alone
     from ..speculation.policy import PrespecPolicy
@@ -189,6 +189,19 @@ def runs_beside(cfg: EngineConfig) -> bool:
     if cfg.draft is None:
         return False
     return offloaded(cfg) or cfg.target.threads + cfg.draft.threads <= usable_cores()
+
+
+def draft_can_pay(cfg: EngineConfig, profile: Profile | None) -> bool:
+    """Whether mode auto could ever draft with the draft model at cfg's threads: unless this device's
+    profile prices a draft accepted as often as on predictable text (EXPLORE_ALPHA) below plain steps
+    (Planner.upside < 1: a compute-bound CPU). Without a profile, or with the target off this CPU
+    (not what the profile measured), it could."""
+    if cfg.draft is None:
+        return False
+    if profile is None or cfg.target.rpc:
+        return True
+    costs = profile.cost_model(cfg.target.threads, cfg.draft.threads, offloaded=offloaded(cfg))
+    return Planner(MENUS["auto"], costs, draft_cap=caps("auto", cfg.spec.k)[0], k_min=cfg.spec.k_min).upside() >= 1.0
 
 
 def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile | None) -> EngineConfig:

@@ -54,6 +54,7 @@ def plan(request, split) -> Plan:
 def qwen(default_pair, plan, split):
     threads = THREADS[split][0]
     eng = make_engine(default_pair, target=dict(threads=threads[0]), draft=dict(threads=threads[1]))
+    eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
     assert eng.threads == threads
     yield eng, ar_runs_for(eng, plan)
     eng.close()

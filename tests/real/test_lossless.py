@@ -55,6 +55,7 @@ def plan(request, threads) -> Plan:
 @pytest.fixture(scope="module")
 def small(small_pair, plan, threads):
     eng = make_engine(small_pair, **threads_kw(threads))
+    eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
     assert eng.threads == threads
     yield eng, ar_runs_for(eng, plan)
     eng.close()

@@ -106,6 +106,7 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
     # -ngld -1 asks to offload the draft too: with no local GPU it must stay on this CPU, not go to the server
     with make_engine(small_pair, target=dict(rpc=[str(server.endpoint)], n_gpu_layers=-1),
                      draft=dict(n_gpu_layers=-1)) as eng:
+        eng.load_draft()  # (made in mode ar: loaded when a mode first drafts)
         assert eng.target.info().gpu_layers == eng.target.n_layer + 1  # every layer and the output offloaded
         assert eng.draft.info().gpu_layers == 0
         # the target's weights went to the server (SmolLM2-135M: 98 MB), the draft's (92 MB) did not

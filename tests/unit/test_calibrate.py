@@ -111,3 +111,24 @@ def test_profile_round_trips_through_the_cache_and_is_keyed_by_device_and_pair(t
     old["version"] = 1
     path.write_text(json.dumps(old))
     assert prof.load(t, d) is None                   # an older version (contention measured otherwise): again
+
+
+def test_auto_loads_the_draft_only_where_the_profile_says_a_draft_could_pay():
+    """engine.Engine asks planning.rounds.draft_can_pay whether mode auto needs the draft model in
+    memory at all: not on a compute-bound device (a verify of 4 tokens at 2.7 steps: even a draft
+    accepted at 0.9 loses to plain steps), yes where verifying is nearly free, and yes without a
+    profile (the first-use calibration measures with it)."""
+    from ssd_edge.config import EngineConfig
+    from ssd_edge.planning.rounds import draft_can_pay
+
+    def curve(steps):  # ThreadCosts at 1+1 and 2+2 with the target's verify of n tokens at steps[n - 1] x 40 ms
+        return [ThreadCosts(target_threads=t, draft_threads=t, target_ms=[40.0 * x for x in steps],
+                            draft_ms=[12.0 + 4.0 * i for i in range(9)], target_overlap=1.05, draft_overlap=1.05)
+                for t in (1, 2)]
+    steep = fake_profile().model_copy(update=dict(costs=curve([1, 1.7, 2.2, 2.7, 3.4, 4.1, 4.8, 5.4, 5.9])))
+    flat = fake_profile().model_copy(update=dict(costs=curve([1, 1.37, 1.5, 1.69, 1.72, 1.75, 1.78, 1.8, 1.85])))
+    cfg = EngineConfig.build(target=dict(path="t.gguf", threads=2), draft=dict(path="d.gguf", threads=2))
+    assert not draft_can_pay(cfg, steep)
+    assert draft_can_pay(cfg, flat)
+    assert draft_can_pay(cfg, None)
+    assert not draft_can_pay(cfg.model_copy(update=dict(draft=None)), flat)

@@ -134,6 +134,8 @@ class LivePanel(VerticalScroll):
                 lines.append(" " * 7).append(describe_model(model_info, mc.threads) + "\n", "dim")
             elif status:
                 lines.append(" " * 7).append(status + "\n", "dim")
+            elif role == "draft" and info is not None:  # the engine loads it when a mode first drafts
+                lines.append(" " * 7).append("not loaded: it loads when a mode first drafts\n", "dim")
         if regime:
             lines.append(f"{'regime':<7}", "bold").append(regime + "\n", "dim")
         lines.rstrip()
