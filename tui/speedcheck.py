@@ -47,7 +47,7 @@ def _targets() -> list[tuple[str, Any, str]]:
         ("panel update", LivePanel, "show_settings"),
         ("save chat", SSDEdgeApp, "save_chat"),
         ("event hand-off", SSDEdgeApp, "on_stream_wake"),
-        ("frame", SSDEdgeApp, "render_stream"),
+        ("frame", SSDEdgeApp, "frame"),
         ("layout", Screen, "_refresh_layout"),
         ("compositor", Compositor, "render_update"),
         ("compositor", Compositor, "update_widgets"),

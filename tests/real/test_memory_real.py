@@ -1,0 +1,85 @@
+"""llama.cpp's memory flags on the small real pair (issue 23): every KV cache type and flash-attention
+setting keeps every mode lossless (greedy: each mode gives ar's tokens at the same settings, no
+near-tie allowed: on this pair batched and one-token rows are bitwise equal), the flags reach the
+engine from the command line, a refused combination is one line and exit 2, and -ngl on a machine
+without a GPU says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_engine
+from lossless_check import first_difference, generate
+from prompts import PROMPTS
+from ssd_edge.llama.backend import FLASH_ATTN, KV_TYPES, gpu_offload_supported
+from ssd_edge.llama.library import ll
+from test_cli_real import pair_args, ssd_edge
+
+pytestmark = pytest.mark.real
+
+# (K type, V type, flash attention): quantized caches (V needs flash attention), and f16 with it off
+SETTINGS = [("q8_0", "q8_0", "on"), ("q4_0", "q4_0", "on"), ("f16", "f16", "off")]
+MODES = ("sd", "lookup", "ssd", "auto")
+
+
+def test_the_enum_values_are_llama_cpps():
+    assert KV_TYPES == {"f16": ll.GGML_TYPE_F16, "q8_0": ll.GGML_TYPE_Q8_0, "q4_0": ll.GGML_TYPE_Q4_0}
+    assert FLASH_ATTN == {"auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                          "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+
+
+@pytest.mark.parametrize("k, v, fa", SETTINGS, ids=[f"{k}-{v}-fa-{fa}" for k, v, fa in SETTINGS])
+def test_every_mode_gives_ars_tokens_at_each_kv_type(small_pair, k, v, fa):
+    memory = dict(cache_type_k=k, cache_type_v=v, flash_attn=fa)
+    with make_engine(small_pair, target=dict(memory), draft=dict(memory)) as eng:
+        for p in PROMPTS[:2]:
+            ids = eng.prompt_tokens(**p.kwargs())
+            ar = generate(eng, ids, "ar", 24)
+            assert len(ar.out) > 0
+            for mode in MODES:
+                run = generate(eng, ids, mode, 24)
+                assert first_difference(ar, run) is None, (p.name, mode, ar.out, run.out)
+
+
+def test_memory_flags_from_the_command_line(small_pair):
+    flags = ["-ctk", "q8_0", "-ctv", "q8_0", "-ctkd", "q4_0", "-ctvd", "q4_0", "-fa", "on", "--no-mmap", "--mlock"]
+    answers = {}
+    for mode in ("ar", "sd"):
+        p = ssd_edge("generate", "--json", "-q", "The capital of France is", *pair_args(small_pair), "-n", "12",
+                     "--mode", mode, *flags)
+        assert p.returncode == 0, p.stderr.decode()
+        answers[mode] = json.loads(p.stdout)["tokens"]
+    assert answers["sd"] == answers["ar"]
+
+
+def test_a_quantized_v_cache_without_flash_attention_is_one_line(small_pair):
+    p = ssd_edge("generate", "hi", *pair_args(small_pair), "-n", "4", "-ctv", "q8_0", "-fa", "off")
+    err = p.stderr.decode().strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "needs flash attention" in err and "-fa" in err
+
+
+def test_gpu_offload_without_a_gpu_is_a_warning_not_a_failure(small_pair):
+    p = ssd_edge("generate", "hi", *pair_args(small_pair), "-n", "4", "--mode", "ar", "-ngl", "99")
+    assert p.returncode == 0, p.stderr.decode()
+    warned = "warning: GPU offload asked for" in p.stderr.decode()
+    assert warned is not gpu_offload_supported(), p.stderr.decode()
+
+
+def test_the_draft_is_loaded_only_when_a_mode_first_drafts(small_pair):
+    """An engine made for ar holds the target alone; lookup drafts without a model; sd loads the
+    draft first (and says so in its Stats), once; every mode still gives ar's tokens."""
+    prompt = "The capital of France is"
+    with make_engine(small_pair) as eng:  # mode ar
+        assert eng.has_draft and not eng.draft_loaded and eng.model_info[1] is None
+        ar = eng.complete(prompt, max_tokens=12, mode="ar")
+        lookup = eng.complete(prompt, max_tokens=12, mode="lookup")
+        assert ar.stats.draft_load_s is None and lookup.stats.draft_load_s is None and not eng.draft_loaded
+        sd = eng.complete(prompt, max_tokens=12, mode="sd")
+        assert sd.stats.draft_load_s is not None and sd.stats.draft_load_s > 0
+        assert eng.draft_loaded and eng.model_info[1] is not None
+        again = eng.complete(prompt, max_tokens=12, mode="ssd")
+        assert again.stats.draft_load_s is None
+        assert ar.tokens == lookup.tokens == sd.tokens == again.tokens
