@@ -110,7 +110,7 @@ class Engine:
         loads it first, between generations (Stats.draft_load_s)."""
         if config.draft is None and config.mode in ("sd", "ssd"):
             raise ConfigError(f"mode '{config.mode}' needs a draft model (-md)")
-        draft_path = resolve_model(config.draft.path, models_dir) if config.draft is not None else None
+        draft_path = Path(resolve_model(config.draft.path, models_dir)) if config.draft is not None else None
         if draft_path is not None:
             check_gguf_file(draft_path)  # a wrong draft is named now, not at the first round that drafts
         self._attach(config, *_load_target(config, models_dir))

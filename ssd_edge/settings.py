@@ -342,7 +342,7 @@ def reason(e: ValidationError) -> str:
         "greater_than": f"must be greater than {ctx.get('gt')}",
         "less_than_equal": f"must be at most {ctx.get('le')}",
         "less_than": f"must be less than {ctx.get('lt')}",
-        "literal_error": "choose one of " + str(ctx.get("expected", ", ".join(MODES))).replace("'", ""),
+        "literal_error": "choose one of " + str(ctx.get("expected", ", ".join(MODES))).replace("'", "").replace(" or ", ", "),
     }.get(err["type"], err["msg"]).removeprefix("Value error, ")
 
 

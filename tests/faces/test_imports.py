@@ -22,8 +22,9 @@ from fakes import FakeContext, FakeModel
 import ssd_edge.engine as E
 E.resolve_model = lambda path, models_dir=None: path
 E.Model = lambda path, gpu_layers, verbose, **rpc: FakeModel(str(path))
-E.Context = lambda model, n_ctx, n_batch, threads, n_seq_max=1: FakeContext(model, n_ctx, n_batch, n_seq_max)
+E.Context = lambda model, n_ctx, n_batch, threads, n_seq_max=1, **memory: FakeContext(model, n_ctx, n_batch, n_seq_max)
 E.check_same_vocab = lambda target, draft: None
+E.check_gguf_file = lambda path: None
 from ssd_edge.cli import commands
 sys.argv = ["ssd-edge", "generate", "-n", "8", "--json", *sys.argv[1:], "3 9 4"]
 try:
