@@ -44,7 +44,7 @@ def engine_flags(a: argparse.Namespace) -> list[str]:
 # ---------------------------------------------------------------- in process (Pilot)
 
 def pilot(a: argparse.Namespace) -> dict:
-    from ssd_edge.cli import settings
+    from ssd_edge import settings
     from tui.loader import calibrating_engine_factory
     from tui.speedcheck import compare
 

@@ -6,7 +6,7 @@ Threads: the engine is built, models are pulled and replies are generated in
 worker threads; they only post messages (tui/messages.py) or fill an Outbox
 (tui/stream.py). Every widget is touched from the UI thread alone.
 
-A streaming reply is drawn in frames, at most one every FRAME_INTERVAL: a frame
+A streaming reply is drawn in frames, at most one every frame_interval(): a frame
 drains the outbox and redraws only what changed (the reply's text when it grew,
 a screen layout only when its height did); the panel at most every PANEL_INTERVAL,
 each gauge and line of it only when its value changed. On a CPU-only device the model needs every core, and the
@@ -48,11 +48,24 @@ from .stream import Chunk, Failure, Outbox, run_generation
 from .widgets.chat import ChatView, MessageView, PromptInput, ProvenanceLegend
 from .widgets.panel import LivePanel
 
-FRAME_INTERVAL = 0.1  # seconds between frames while a reply streams (10 a second at most)
+# Seconds between frames while a reply streams: 10 a second where the model does not need this CPU's
+# every core (a GPU or --rpc target, or more than 4 cores), 5 where it does. On this project's 2 cores
+# a frame costs the UI thread ~20 ms (Textual's compositor and event loop: scripts/tui_speed.py), so
+# 10 frames a second took ~9 ms of CPU per token from llama.cpp's two threads, 5 take ~4 (issue 24).
+FRAME_INTERVAL = 0.1
+FRAME_INTERVAL_CPU = 0.2
 SAVE_INTERVAL = 1.0   # seconds between saves of the chat while a reply streams (and once at its end)
 PANEL_INTERVAL = 0.25  # seconds between panel redraws while a reply streams (gauges, rates, sparkline)
 EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
               ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
+
+
+def frame_interval(config: EngineConfig) -> float:
+    """FRAME_INTERVAL where the model leaves this CPU cores to spare, else FRAME_INTERVAL_CPU."""
+    from ssd_edge.config import usable_cores
+    from ssd_edge.planning.rounds import offloaded
+
+    return FRAME_INTERVAL if offloaded(config) or usable_cores() > 4 else FRAME_INTERVAL_CPU
 
 
 class SSDEdgeApp(App[int]):
@@ -192,7 +205,7 @@ class SSDEdgeApp(App[int]):
         if self._frame_due:
             return
         self._frame_due = True
-        wait = self._last_frame + FRAME_INTERVAL - time.monotonic()
+        wait = self._last_frame + frame_interval(self.config) - time.monotonic()
         if wait > 0:
             self._frame_timer = self.set_timer(wait, self.frame)
         else:
@@ -200,7 +213,7 @@ class SSDEdgeApp(App[int]):
 
     def frame(self) -> None:
         """One frame of the streaming reply: drain the outbox into the reply and the live model, then
-        redraw what changed. At most FRAME_INTERVAL apart; a finished reply is drawn at once."""
+        redraw what changed. At most frame_interval() apart; a finished reply is drawn at once."""
         if self._frame_timer is not None:  # a frame was due: this is it (a late one would revive the cursor)
             self._frame_timer.stop()
             self._frame_timer = None
@@ -282,10 +295,18 @@ class SSDEdgeApp(App[int]):
     def on_engine_loaded(self, msg: EngineLoaded) -> None:
         self.engine, self.phase, self.fallback = msg.engine, "ready", None
         self.config = getattr(msg.engine, "config", self.config)
-        self.query_one("#progress").display = False
+        self.hide_progress()
         self.show_models()
         self.query_one(LivePanel).show_settings(self.config, self.live)
         self.set_status(f"Ready · {self.config.mode} · loaded in {self.clock() - self._load_started:.0f} s")
+
+    def hide_progress(self) -> None:
+        """Hide the load/pull bar, and stop it: an indeterminate ProgressBar animates (15 repaints a
+        second) even hidden, which cost the UI thread about half its time per token while a reply
+        streamed (issue 24)."""
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=1, progress=1)
+        bar.display = False
 
     def show_models(self) -> None:
         """The loaded pair in the panel (again after a reply for which the engine loaded its draft)."""
@@ -295,7 +316,7 @@ class SSDEdgeApp(App[int]):
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.phase, self.exit_code = "failed", msg.exit_code
-        self.query_one("#progress").display = False
+        self.hide_progress()
         self.query_one(LivePanel).show_models(None, self.config, "not loaded")
         if msg.missing:
             self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
@@ -334,7 +355,7 @@ class SSDEdgeApp(App[int]):
         self.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
 
     def on_pull_finished(self, msg: PullFinished) -> None:
-        self.query_one("#progress").display = False
+        self.hide_progress()
         missing = missing_models(self.config, self.models_dir)
         if msg.error or missing:
             self.phase = "failed"
