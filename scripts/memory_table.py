@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     "-md", str(draft), "-n", str(a.n), "--mode", mode, "-c", str(ctx), *memory, PROMPT])
             spec = tools["llama-speculative-simple"]
             if spec.exists():
-                add("llama-speculative-simple", ctx, kv, [str(spec), "-m", str(target), "-md", str(draft), "-c", str(ctx),
+                add("llama-speculative-simple", ctx, kv, [str(spec), "--spec-type", "draft-simple", "-m", str(target), "-md", str(draft), "-c", str(ctx),
                     *memory, "-n", str(a.n), "-p", PROMPT])
     if tools["llama-simple"].exists():
         add("llama-simple (target alone)", 0, "f16", [str(tools["llama-simple"]), "-m", str(target), "-n", str(a.n), PROMPT])
