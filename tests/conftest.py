@@ -199,5 +199,6 @@ def make_engine(pair: tuple[Path, Path], profiles: bool = False, **overrides):
 def small_engine(small_pair):
     """One Engine on the small pair for the whole session (load once; tests set mode per call)."""
     eng = make_engine(small_pair)
+    eng.load_draft()  # (made in mode ar, it would load the draft at the first drafting mode: not test-order dependent)
     yield eng
     eng.close()

@@ -145,7 +145,8 @@ class Rounds:
                 rows: np.ndarray) -> None:
         """The round is verified: `rows` are the target's logit rows at the committed positions."""
         kind = self.decision.kind if self.decision is not None else "plain"
-        top1 = _top1(rows, self.sampling).tolist() if self.planner.wants_confidence else ()
+        # the target's confidence stands in for the draft's acceptance: read only where there is a draft
+        top1 = _top1(rows, self.sampling).tolist() if self.planner.wants_confidence and self.drafter is not None else ()
         self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1, busy=self.busy)
         self.planner.observe_history(history)
         if kind == "draft" and self.drafter is not None and self.drafter.timing is not None:

@@ -174,7 +174,9 @@ def test_disk_full_is_one_line_and_leaves_nothing(hub, monkeypatch):
 
 
 def _pull_in_child(name: str) -> subprocess.Popen:
-    env = {**os.environ, "SSD_EDGE_DEBUG": "0"}
+    # the stand-in server stalls halfway and the test signals the child: huggingface_hub's read timeout (10 s)
+    # must not end the pull first on a loaded machine (it did once, in the whole suite)
+    env = {**os.environ, "SSD_EDGE_DEBUG": "0", "HF_HUB_DOWNLOAD_TIMEOUT": "120"}
     return subprocess.Popen([sys.executable, "-m", "ssd_edge.cli.commands", "models", "pull", name], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

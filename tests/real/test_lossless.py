@@ -130,6 +130,7 @@ def sampled(temperature: float, seed: int) -> SamplingConfig:
 def user_engine(small_pair):
     """An engine on the small pair at the users' default threads (the 1+1 one is small_engine)."""
     eng = make_engine(small_pair, **threads_kw(USER_THREADS))
+    eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
     yield eng
     eng.close()
 
