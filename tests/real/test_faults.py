@@ -33,13 +33,20 @@ SCRIPT = Path(sys.executable).with_name("ssd-edge")
 HANG = 240  # seconds before a test calls it a hang (the CI machine is small and shared)
 
 
+def interruptible() -> None:
+    """In the child, before it execs: SIGINT as a terminal sends it. A suite started in the background
+    (`bash scripts/test.sh &`) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt,
+    so the Ctrl-C tests would see a child that runs on."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """A child `ssd-edge` whose stdout and stderr are collected while it runs."""
 
     def __init__(self, args: list[str], env: dict[str, str], stdin: bytes | None = None) -> None:
         cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "ssd_edge.cli.commands"]
         self.proc = subprocess.Popen(cmd + args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env)
+                                     stderr=subprocess.PIPE, env=env, preexec_fn=interruptible)
         self.out, self.err = bytearray(), bytearray()
         self._readers = [threading.Thread(target=self._drain, args=(s, b), daemon=True)
                          for s, b in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
