@@ -186,7 +186,7 @@ class Engine:
         lookup never, auto unless this device's profile says no draft could beat plain steps at the
         threads auto runs with (planning.rounds.draft_can_pay). mode None: the configured mode."""
         mode = mode or self.config.mode
-        if self._draft_path is None or mode in ("ar", "lookup"):
+        if self._draft_path is None or "draft" not in planned.MENUS[mode].kinds:
             return False
         if mode != "auto":
             return True
