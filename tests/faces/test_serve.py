@@ -39,15 +39,16 @@ from ssd_edge.server.runner import is_loopback, options
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "count"}]
 
 
-def fake_engine(disagree_every: int = 3, *, delay: float = 0.0, threads: tuple[int, int] = (2, 2),
-                n_ctx: int = 1024, mode: str = "auto") -> Engine:
-    """A fake pair (tests/fakes.py); `delay` seconds per decode makes generations take time."""
+def fake_engine(disagree_every: int = 3, *, delay: float = 0.0, draft_delay: float | None = None,
+                threads: tuple[int, int] = (2, 2), n_ctx: int = 1024, mode: str = "auto") -> Engine:
+    """A fake pair (tests/fakes.py); `delay` seconds per decode makes generations take time
+    (`draft_delay`, where given, is the draft's)."""
     cfg = EngineConfig.build(target=dict(path="fake-target", threads=threads[0]),
                              draft=dict(path="fake-draft", threads=threads[1]), n_ctx=n_ctx, mode=mode)
     target, draft = FakeModel("target"), FakeModel("draft", disagree_every=disagree_every)
     return Engine.from_parts(cfg, target, FakeContext(target, n_ctx=n_ctx, decode_delay=delay), draft,
                              FakeContext(draft, n_ctx=2 * n_ctx, n_seq_max=cfg.prespec.fanout_max + 1,
-                                         decode_delay=delay))
+                                         decode_delay=delay if draft_delay is None else draft_delay))
 
 
 def reference(eng: Engine, *, prompt: str | None = None, messages=None, n: int = 24, **kw) -> FinishEvent:
@@ -494,7 +495,9 @@ def test_shutdown_stops_the_running_generation_and_refuses_the_queue(live):
 # ---------------------------------------------------------------- /metrics
 
 def test_metrics_agree_with_the_answers(live):
-    srv = live(fake_engine(3, threads=(1, 1)))
+    # a verify slower than a drafted token, so the worker has prepared rounds ready on a loaded
+    # machine too (with no delays at all, CI once saw none of ssd's rounds prepared)
+    srv = live(fake_engine(3, delay=0.02, draft_delay=0.001, threads=(1, 1)))
     answers = [httpx.post(srv.url + TEXT, json={"prompt": p, "max_tokens": 30, "mode": mode}, timeout=10).json()
                for p, mode in (("aa", "ssd"), ("bb", "auto"), ("cc", "sd"))]
     httpx.post(srv.url + TEXT, json={"prompt": "x", "n": 2})
