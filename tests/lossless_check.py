@@ -28,7 +28,7 @@ on the small pair, whose batched and one-token logits are bitwise equal
 one answer and a tie rate of at most QWEN_MAX_TIE_RATE per compared token,
 while at least MIN_COMPARED of all generated tokens are compared. (Measured on
 Qwen: up to 4 ties in one answer, about 0.5% of the compared tokens per mode,
-every one with both candidates within 0.3 in both rows.) The replay itself is
+both candidates within 0.25 of each other in both rows of every tie CI printed.) The replay itself is
 checked against whole runs (every position reproduced), so a broken replay
 cannot turn a real difference into a "tie", and a fabricated difference is
 shown to fail (small pair; --full adds the replay check on Qwen).
@@ -45,13 +45,15 @@ from prompts import PROMPTS, Prompt
 from ssd_edge.events import FinishEvent, Stats, TokenEvent
 
 FULL_MAX_NEW = 128
-TIE_TOL = 0.6            # logit gap below which two candidates count as tied (0.58 seen in FIELD_NOTES)
-# The largest |batched row - one-token row| anywhere in a row, for one position after the same tokens.
-# Measured (test_greedy_lossless_default_pair[sd] and the replay tests, one thread per model): small
-# pair 0.0, bitwise equal, over the 74 batched positions of sd on fibonacci; Qwen pair up to 0.715 at
-# the 12 ties of sd over 10 prompts (0.398 ... 0.715), and up to 0.791 over the 345 batched positions
-# of whole sd runs on fibonacci, quicksort and js_fetch (0.699, 0.755, 0.791).
-ROW_TOL = 1.0
+# How far the Qwen target's batched rows (a verify) can differ from its one-token rows (ar), measured by
+# scripts/row_tolerance.py --pair default --threads 1 2: 12 prompts x 32 answer tokens x batches of 2, 4
+# and 5, 3816 rows per thread count, the same at 1 and 2 threads (314 s here):
+#   row diff  max |batched - one-token| over a row: p50 0.465, p99 0.752, max 0.878
+#   gap shift change of the one-token top-two gap in the batched row: p50 0.076, p99 0.407, max 0.572
+# Each bound is 1.5x the largest value seen (the script's --margin). The small pair's rows are bitwise
+# equal (0.0 over 920 rows), so there no tie is allowed at all (see the module docstring).
+ROW_TOL = 1.32           # 1.5 x 0.878
+TIE_TOL = 0.86           # 1.5 x 0.572: a gap below this, in both rows, is a near-tie
 MAX_TIES_PER_PROMPT = 8
 QWEN_MAX_TIE_RATE = 0.02  # ties per compared token, per mode (measured ~0.005)
 MIN_COMPARED = 0.95       # fraction of ar's tokens that must be compared token for token
