@@ -59,23 +59,56 @@ def test_generation_seconds_metric_counts_the_generations_time(client):
     assert seconds() > after_one  # a counter: it grows with each generation
 
 
-@pytest.mark.parametrize("command", ["chat", "serve"])  # tui: loads inside the app (left)
-def test_rpc_reaches_chat_and_serve(command, tmp_path):
-    """--rpc on each face: the endpoint is probed before llama.cpp loads (a closed port: exit 7
-    naming it), so the option reached the face's engine config."""
+def closed_port_and_gguf(tmp_path) -> tuple[int, str]:
     import socket
-
-    from ssd_edge.errors import RPCError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once the block ends
     gguf = tmp_path / "t.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
-    code, out, err = run([command, "-m", str(gguf), "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"],
+    return port, str(gguf)
+
+
+@pytest.mark.parametrize("command", ["chat", "serve"])
+def test_rpc_reaches_chat_and_serve(command, tmp_path):
+    """--rpc on each face: the endpoint is probed before llama.cpp loads (a closed port: exit 7
+    naming it), so the option reached the face's engine config."""
+    from ssd_edge.errors import RPCError
+
+    port, gguf = closed_port_and_gguf(tmp_path)
+    code, out, err = run([command, "-m", gguf, "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"],
                          input="")
     assert code == RPCError.exit_code, err
     assert f"rpc server 127.0.0.1:{port} is unreachable" in err
+
+
+def test_rpc_reaches_the_tui(tmp_path, monkeypatch):
+    """`ssd-edge tui --rpc`: the app loads its engine in a worker, so the probe's failure is the app's
+    load error (shown in the status line, the app stays up) and, once the user quits, exit code 7.
+    The real app, run headless by the real command, with a pilot that waits for the error and quits."""
+    from textual.app import App
+
+    from ssd_edge.errors import RPCError
+    from tui.app import SSDEdgeApp
+
+    port, gguf = closed_port_and_gguf(tmp_path)
+    shown = []
+
+    async def user(pilot):
+        app = pilot.app
+        for _ in range(500):  # the load worker fails at once; 10 s at most
+            if app.phase == "failed":
+                break
+            await pilot.pause(0.02)
+        shown.append(str(app.query_one("#status").render()))
+        await pilot.press("ctrl+q")
+
+    real_run = App.run
+    monkeypatch.setattr(SSDEdgeApp, "run", lambda self, **kw: real_run(self, headless=True, auto_pilot=user))
+    code, _, err = run(["tui", "-m", gguf, "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"])
+    assert shown and f"rpc server 127.0.0.1:{port} is unreachable" in shown[0], shown
+    assert code == RPCError.exit_code, err
 
 
 def test_derive_draft_type_is_checked_and_named(tmp_path):
