@@ -20,7 +20,8 @@ import numpy as np
 
 from ssd_edge import engine as engine_mod
 from ssd_edge.config import EngineConfig, SamplingConfig
-from ssd_edge.engine import Engine, top1
+from ssd_edge.engine import Engine
+from ssd_edge.planning.rounds import top1
 from ssd_edge.events import TokenEvent
 from ssd_edge.models.catalog import load_catalog
 

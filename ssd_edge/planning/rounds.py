@@ -146,8 +146,8 @@ class Rounds:
         """The round is verified: `rows` are the target's logit rows at the committed positions."""
         kind = self.decision.kind if self.decision is not None else "plain"
         # the target's confidence stands in for the draft's acceptance: read only where there is a draft
-        top1 = _top1(rows, self.sampling).tolist() if self.planner.wants_confidence and self.drafter is not None else ()
-        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, top1, busy=self.busy)
+        confidence = top1(rows, self.sampling).tolist() if self.planner.wants_confidence and self.drafter is not None else ()
+        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, confidence, busy=self.busy)
         self.planner.observe_history(history)
         if kind == "draft" and self.drafter is not None and self.drafter.timing is not None:
             self.planner.observe_draft(*self.drafter.timing)
@@ -165,7 +165,7 @@ class Rounds:
             self.worker.close()  # the worker's draft sequence is the engine's draft KV (moved back to 0)
 
 
-def _top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
+def top1(rows: np.ndarray, s: SamplingConfig) -> np.ndarray:
     """The target's probability of its likeliest token, per row (at temperature 1 when greedy)."""
     # float32 throughout: a planning estimate over the whole vocabulary, where float64 cost 1 ms a
     # row (2% of a 1.5B model's step on 2 cores)

@@ -274,3 +274,24 @@ def test_engine_refuses_a_mismatched_pair(small_pair, renamed_vocab):
                              mode="sd")
     with pytest.raises(VocabMismatchError, match="renamed-vocab.gguf"):
         Engine(cfg)
+
+
+def test_row_tolerance_script_measures_the_small_pair_bitwise_equal(small_pair, tmp_path):
+    """scripts/row_tolerance.py, the measurement behind ROW_TOL and TIE_TOL (tests/lossless_check.py),
+    run small: on the small pair batched and one-token rows are bitwise equal, so it must find 0.0
+    everywhere, over every row it compared."""
+    import json
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "row_tolerance.py"
+    out = tmp_path / "rows.json"
+    p = subprocess.run([sys.executable, str(script), "--pair", "small", "--prompts", "2", "--tokens", "6",
+                        "--batches", "2", "4", "--threads", "1", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    found = json.loads(out.read_text())
+    rows = found["threads"]["1"]
+    assert rows["row_diff"]["n"] == rows["gap_shift"]["n"] > 0
+    assert rows["row_diff"]["max"] == 0.0 and rows["gap_shift"]["max"] == 0.0
+    assert found["implied"] == {"ROW_TOL": 0.0, "TIE_TOL": 0.0}
