@@ -347,3 +347,45 @@ async def test_the_models_panel_says_what_the_devices_verify_curve_means():
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.phase == "ready")
         assert "regime" not in str(app.query_one("#models").render())
+
+
+PIECES = [("target", "def is_pal(s):\n"), ("draft", "    s = s.lower()"), ("prespec", "\n\n"),
+          ("ngram", "    return s == s[::-1]\n"), ("target", "This " + "word " * 60), ("draft", "\n"),
+          ("prespec", "x" * 300), ("target", "\n```\n"), ("ngram", "end")]
+
+
+async def test_a_streaming_reply_draws_the_rows_a_whole_render_would():
+    """The reply's rows are kept line by line (settled lines rendered once, the open one again per frame):
+    after every piece, with provenance on and off, at two widths, they equal a render of the whole text
+    (wrapped lines, blank lines, a word longer than the width, the cursor, the note), and a frame
+    repaints only from the open line down."""
+    from textual.visual import Visual, visualize
+
+    from tui.chats import Message
+    from tui.widgets.chat import ChatView
+
+    def whole(view, width):
+        return Visual.to_strips(view, visualize(view, view.render()), width, None, view.visual_style, pad=True)
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        for provenance in (False, True):
+            view = app.query_one(ChatView).add_message(Message("assistant", ""))
+            view.show_provenance, view.streaming = provenance, True
+            await pilot.pause()
+            for prov, piece in PIECES:
+                view.message.add(prov, piece)
+                view.refresh_message()
+                for width in (view.content_size.width, 23):
+                    assert view.rows(width) == whole(view, width), (provenance, width, piece)
+            await pilot.pause()
+            view.message.add("target", " more")  # no line break: a frame of the open line alone
+            assert not view.refresh_message()
+            repainted = view._repaint_regions.copy()
+            view.streaming, view.message.note = False, "9 tokens · 1.0 s"
+            view.refresh_message()
+            assert view.rows() == whole(view, view.content_size.width)
+            await pilot.pause()
+            # that frame repainted the open line's rows, not the reply's top
+            assert repainted and min(r.y for r in repainted) > 10, repainted

@@ -9,9 +9,14 @@ from: the target itself, an accepted draft, a pre-speculation hit, an n-gram.
 
 from __future__ import annotations
 
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Input, Static
 
@@ -29,8 +34,21 @@ WELCOME = ("Type a prompt below and press Enter.\n"
            "Esc stops a reply · F3 shows where each token came from · F1 lists every key · Ctrl+P commands")
 
 
+# While a reply streams, its widget reserves rows ahead, this many at a time: a code answer adds a line
+# every frame or two, and each new line would otherwise lay out the whole screen again (Textual's
+# layout and the full repaint after it were the UI thread's largest costs per token).
+RESERVE_ROWS = 8
+
+
 class MessageView(Widget):
-    """One chat message; its height follows its text."""
+    """One chat message; its height follows its text.
+
+    Drawn line by line (Textual's line API) from rows it keeps: the text up to its last line break
+    is settled, and its rows are rendered once, a chunk of whole lines at a time as line breaks
+    arrive (Rich wraps each line on its own, so those rows are the ones a render of the whole text
+    would give); only the open last line, the cursor and the note are rendered again when the text
+    grows, and only their rows are repainted. A long reply then costs each frame what its last line
+    costs, not what the whole reply does."""
 
     COMPONENT_CLASSES = {f"message--{p}" for p in PROVENANCES} | {"message--note", "message--role"}
     DEFAULT_CSS = "MessageView { height: auto; }\n" + _PROVENANCE_CSS.format(owner="MessageView")
@@ -40,18 +58,15 @@ class MessageView(Widget):
         self.message = message
         self.show_provenance = show_provenance
         self.streaming = False
+        self._key: tuple | None = None   # what the rows were rendered for: width, provenance, styles
+        self._settled: list[Strip] = []  # the rows of body[:self._cut]
+        self._cut = -1                   # the line break that ends the settled text (-1: none yet)
+        self._lines = 0                  # line breaks up to and including it
+        self._open: list[Strip] = []     # the rows after it: the open line, the cursor, the note
 
-    def refresh_message(self) -> bool:
-        """Redraw after the message changed. Returns True when its height changed, and only then asks for
-        a layout of the screen (most frames add text to the last line: a repaint of this widget does)."""
-        height, width = self.content_size.height, self.content_size.width
-        self.refresh()
-        if width and self.get_content_height(self.size, self.size, width) == height:
-            return False
-        self.refresh(layout=True)
-        return True
-
-    def render(self) -> Text:
+    # ---------------------------------------------------------------- the text
+    def body(self) -> Text:
+        """The role line and the message's text (coloured by provenance when that is on)."""
         m = self.message
         text = Text(overflow="fold")
         text.append("you\n" if m.role == "user" else "assistant\n", self.get_component_rich_style("message--role"))
@@ -60,6 +75,12 @@ class MessageView(Widget):
                 text.append(piece, self.get_component_rich_style(f"message--{prov}"))
         else:
             text.append(m.content)
+        return text
+
+    def tail(self) -> Text:
+        """What follows the text: the streaming cursor, or "…" for an empty answer; the note."""
+        m = self.message
+        text = Text(overflow="fold")
         if self.streaming:
             text.append("▍", self.get_component_rich_style("message--note"))
         elif not m.content and m.role == "assistant" and not m.note:
@@ -67,6 +88,91 @@ class MessageView(Widget):
         if m.note:
             text.append("\n" + m.note, self.get_component_rich_style("message--note"))
         return text
+
+    def render(self) -> Text:
+        """The whole message as one text (what the rows show)."""
+        return self.body() + self.tail()
+
+    # ---------------------------------------------------------------- rows
+    def _strips(self, text: Text, width: int, line: int) -> list[Strip]:
+        """The rows of `text`, which starts at logical line `line` of the message (each piece of text
+        carries its (column, line) for mouse selection: shifted here to where the text really is)."""
+        strips = Visual.to_strips(self, visualize(self, text), width, None, self.visual_style, pad=True)
+        return strips if not line else [_shifted(strip, line) for strip in strips]
+
+    def _update_rows(self, width: int) -> int:
+        """Bring the rows up to date with the message at `width`; returns the first row that changed."""
+        key = (width, self.show_provenance, self.visual_style,
+               *(self.get_component_rich_style(c) for c in sorted(self.COMPONENT_CLASSES)))
+        if key != self._key:
+            self._key, self._settled, self._cut, self._lines = key, [], -1, 0
+        first = len(self._settled)
+        body = self.body()
+        if self.text_selection is not None:  # a selection is drawn over the whole text: render it whole
+            self._key, self._settled, self._cut = None, [], -1
+            self._open = self._strips(body + self.tail(), width, 0)
+            return 0
+        cut = body.plain.rfind("\n")
+        if cut > self._cut:  # whole lines were completed: render them on their own and keep their rows
+            chunk = body[self._cut + 1:cut]
+            line = body.plain.count("\n", 0, self._cut + 1)
+            self._settled += self._strips(chunk, width, line) if chunk.plain else \
+                [Strip.blank(width, self.visual_style.rich_style)]
+            self._cut, self._lines = cut, body.plain.count("\n")
+        self._open = self._strips(body[cut + 1:] + self.tail(), width, self._lines if cut >= 0 else 0)
+        return first
+
+    def rows(self, width: int | None = None) -> list[Strip]:
+        """Every row of the message at `width` (default: the widget's content width)."""
+        self._update_rows(self.content_size.width if width is None else width)
+        return self._settled + self._open
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        """The rows' count; while the message streams, rounded up to a multiple of RESERVE_ROWS."""
+        height = len(self.rows(width))
+        return -(-height // RESERVE_ROWS) * RESERVE_ROWS if self.streaming else height
+
+    def render_line(self, y: int) -> Strip:
+        width = self.content_size.width
+        rows = self._settled + self._open if self._key is not None and self._key[0] == width else self.rows(width)
+        return rows[y] if y < len(rows) else Strip.blank(width, self.visual_style.rich_style)
+
+    def refresh_message(self) -> bool:
+        """Redraw after the message changed: only the rows from the first that changed. Returns True when
+        the height changed, and only then asks for a layout of the screen."""
+        height, width = self.content_size.height, self.content_size.width
+        if not width:
+            self.refresh(layout=True)
+            return True
+        old = len(self._settled) + len(self._open) if self._key is not None and self._key[0] == width else 0
+        first = self._update_rows(width) if old else 0
+        if self.get_content_height(self.size, self.size, width) != height:
+            self.refresh(layout=True)
+            return True
+        rows = max(old, len(self._settled) + len(self._open)) - first
+        self.refresh(Region(0, first, width, max(rows, 1)))
+        return False
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._key = None  # a theme or a class changed: the rows' styles may have
+
+    def selection_updated(self, selection) -> None:
+        self._key = None
+        super().selection_updated(selection)
+
+
+def _shifted(strip: Strip, lines: int) -> Strip:
+    """`strip` with the line of each piece's selection offset moved down by `lines`."""
+    out = []
+    for seg in strip:
+        style = seg.style
+        meta = style.meta if style is not None and style._meta else None
+        if meta and "offset" in meta:
+            x, y = meta["offset"]
+            style = style + RichStyle.from_meta({"offset": (x, y + lines)})
+        out.append(Segment(seg.text, style))
+    return Strip(out, strip.cell_length)
 
 
 class ProvenanceLegend(Static):
