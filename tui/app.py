@@ -252,9 +252,12 @@ class SSDEdgeApp(App[int]):
         now = time.monotonic()
         if finished or now - self._last_panel >= PANEL_INTERVAL:
             self._last_panel = now
-            panel = self.query_one(LivePanel)
-            panel.show_live(self.live)
-            panel.show_settings(self.config, self.live)
+            # while streaming, after the reply's repaint: Textual repaints the box around everything dirty
+            # at once, and the reply (left, bottom) and the gauges (right, top) together span the screen
+            if finished:
+                self.show_panel()
+            else:
+                self.call_after_refresh(self.show_panel)
         if finished or now - self._last_save >= SAVE_INTERVAL:
             self._last_save = now
             self.save_chat()
@@ -267,6 +270,11 @@ class SSDEdgeApp(App[int]):
                 pending, self.pending = self.pending, {}
                 if error := self.configure(pending):
                     self.notify(error, title="Settings not applied", severity="error")
+
+    def show_panel(self) -> None:
+        panel = self.query_one(LivePanel)
+        panel.show_live(self.live)
+        panel.show_settings(self.config, self.live)
 
     # ------------------------------------------------------------ the engine's life
     # Built in a worker (with load progress), models pulled when missing, switched, reconfigured.

@@ -113,11 +113,13 @@ def engine_run(engine: Any, prompt: str, max_tokens: int) -> FinishEvent:
 
 
 async def _until(pilot: Any, condition: Callable[[], bool], timeout: float, poll: float = 0.1) -> None:
+    """Wait for the app's state. A plain sleep, not pilot.pause(): that waits for every widget's message
+    queue (a call_later to each, ~60 per poll here), UI-thread work the app does not do on its own."""
     end = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > end:
             raise TimeoutError("the app did not reach the expected state")
-        await pilot.pause(poll)
+        await asyncio.sleep(poll)
 
 
 async def tui_run(engine: Any, config: Any, prompt: str, max_tokens: int, size: tuple[int, int] = (150, 45),

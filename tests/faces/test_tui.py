@@ -389,3 +389,47 @@ async def test_a_streaming_reply_draws_the_rows_a_whole_render_would():
             await pilot.pause()
             # that frame repainted the open line's rows, not the reply's top
             assert repainted and min(r.y for r in repainted) > 10, repainted
+
+
+async def test_the_panels_own_drawing_matches_textuals():
+    """The gauge's bar is drawn in runs and the sparkline from the rows it keeps: each looks exactly as
+    the plain way draws it (a span per cell; Textual's own Sparkline), marks and all."""
+    from rich.text import Text
+    from textual.widget import Widget
+    from textual.widgets import Sparkline
+
+    from tui.widgets.panel import LABEL_WIDTH, TEXT_WIDTH, RateSparkline
+
+    def per_cell(g: Gauge) -> Text:
+        width = max(g.size.width, LABEL_WIDTH + TEXT_WIDTH + 4)
+        bar = width - LABEL_WIDTH - TEXT_WIDTH - 1
+        filled = round(max(0.0, min(1.0, g.fraction or 0.0)) * bar)
+        marks = {min(bar - 1, int(m * bar)) for m in g.marks}
+        style = g.get_component_rich_style
+        text = Text(g.label.ljust(LABEL_WIDTH)[:LABEL_WIDTH], style("gauge--label"), no_wrap=True)
+        for i in range(bar):
+            if i in marks and i >= filled:
+                text.append("│", style("gauge--mark"))
+            else:
+                text.append("━", style(f"gauge--{g.tone}") if i < filled else style("gauge--empty"))
+        return text.append(" " + g.text.ljust(TEXT_WIDTH)[:TEXT_WIDTH])
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "hi")
+        hit = app.query_one("#hit", Gauge)
+        for fraction, tone in ((0.0, "poor"), (0.3, "poor"), (0.55, "fair"), (0.69, "fair"), (0.95, "good"), (1.0, "good")):
+            hit.set(fraction, f"{fraction:.0%}", tone)
+            drawn = hit.render()
+            assert drawn.plain == per_cell(hit).plain
+            assert [drawn.get_style_at_offset(app.console, i) for i in range(len(drawn))] == \
+                   [per_cell(hit).get_style_at_offset(app.console, i) for i in range(len(drawn))]
+        spark = app.query_one("#spark", RateSparkline)
+        for data in ([], [5.0], [3.0, 9.0, 1.0, 7.5] * 20, list(app.live.rates)):
+            spark.data = data
+            await pilot.pause()
+            spark._dirty_regions.add(spark.size.region)  # Textual's path renders anew only when dirty
+            width, base = spark.size.width, spark.visual_style.rich_style  # short rows: padded as the screen pads them
+            assert [spark.render_line(y).adjust_cell_length(width, base) for y in range(spark.size.height)] == \
+                   [Widget.render_line(spark, y).adjust_cell_length(width, base) for y in range(spark.size.height)]
+        assert isinstance(spark, Sparkline)

@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from rich.cells import cell_len
+from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Sparkline, Static
 
@@ -54,13 +56,38 @@ class Gauge(Widget):
         marks = {min(bar - 1, int(m * bar)) for m in self.marks}
         style = self.get_component_rich_style
         text = Text(self.label.ljust(LABEL_WIDTH)[:LABEL_WIDTH], style("gauge--label"), no_wrap=True)
-        for i in range(bar):
-            if i in marks and i >= filled:
-                text.append("│", style("gauge--mark"))
-            else:
-                text.append("━", style(f"gauge--{self.tone}") if i < filled else style("gauge--empty"))
+        text.append("━" * filled, style(f"gauge--{self.tone}"))
+        start = filled  # the empty rest, broken by threshold marks: a span per run, not per cell
+        for mark in sorted(m for m in marks if m >= filled):
+            text.append("━" * (mark - start), style("gauge--empty")).append("│", style("gauge--mark"))
+            start = mark + 1
+        text.append("━" * (bar - start), style("gauge--empty"))
         text.append(" " + self.text.ljust(TEXT_WIDTH)[:TEXT_WIDTH])
         return text
+
+
+class RateSparkline(Sparkline):
+    """Textual's sparkline, drawn from rows it keeps until its data, size or style change. Textual
+    renders a sparkline through Rich's console on every repaint (2.4 ms for 3 rows of 40 bars here,
+    four times a second while a reply streams); its segments are the same, taken here directly."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._key: tuple | None = None
+        self._rows: list[Strip] = []
+
+    def render_line(self, y: int) -> Strip:
+        width, height = self.size
+        base = self.visual_style.rich_style
+        key = (width, height, tuple(self.data or ()), base,
+               *(self.get_component_rich_style(c) for c in sorted(self.COMPONENT_CLASSES)))
+        if key != self._key:
+            console = self.app.console
+            segments = Segment.apply_style(self.render().__rich_console__(console, console.options), base)
+            self._rows = [Strip(line).adjust_cell_length(width, base)
+                          for line in Segment.split_lines(segments)][:height]
+            self._key = key
+        return self._rows[y] if y < len(self._rows) else Strip.blank(width, base)
 
 
 def pct(x: float | None) -> str:
@@ -111,7 +138,7 @@ class LivePanel(VerticalScroll):
         yield Gauge("acceptance", id="accept")
         yield Static("Throughput", classes="section")
         yield Static("", id="rate")
-        yield Sparkline([], id="spark")
+        yield RateSparkline([], id="spark")
         yield Static("", id="latency")
         yield Static("Resources", classes="section")
         yield Gauge("draft util", id="draft-util")
