@@ -6,12 +6,14 @@ Threads: the engine is built, models are pulled and replies are generated in
 worker threads; they only post messages (tui/messages.py) or fill an Outbox
 (tui/stream.py). Every widget is touched from the UI thread alone.
 
-A streaming reply is drawn in frames, at most one every frame_interval(): a frame
-drains the outbox and redraws only what changed (the reply's text when it grew,
-a screen layout only when its height did); the panel at most every PANEL_INTERVAL,
-each gauge and line of it only when its value changed. On a CPU-only device the model needs every core, and the
-UI's work takes from them (issue 24: scripts/tui_speed.py measures it). The
-chat is saved at most SAVE_INTERVAL behind the screen, and at the reply's end.
+A streaming reply is drawn in frames, at most one per frame interval (draw_intervals()):
+a frame drains the outbox and redraws only what changed (the reply's open line
+when it grew, a screen layout only when its reserved rows ran out); the panel at
+most once per panel interval, after the reply's repaint, each gauge and line of it
+only when its value changed. On a CPU-only device the model needs every core, and
+the UI's work takes from them (issue 24: scripts/tui_speed.py measures it), so
+both intervals are longer there. The chat is saved at most SAVE_INTERVAL behind
+the screen, and at the reply's end.
 """
 
 from __future__ import annotations
@@ -52,20 +54,22 @@ from .widgets.panel import LivePanel
 # every core (a GPU or --rpc target, or more than 4 cores), 5 where it does. On this project's 2 cores
 # a frame costs the UI thread ~20 ms (Textual's compositor and event loop: scripts/tui_speed.py), so
 # 10 frames a second took ~9 ms of CPU per token from llama.cpp's two threads, 5 take ~4 (issue 24).
-FRAME_INTERVAL = 0.1
-FRAME_INTERVAL_CPU = 0.2
+# Seconds between frames of a streaming reply, and between redraws of the live panel (gauges, rates,
+# sparkline): where the model leaves this CPU cores to spare, and where it needs every one (CPU-only, 4
+# cores or fewer). On 2 cores a panel redraw cost the UI thread 5-7 ms, a frame of the reply 1-2 ms.
+INTERVALS = (0.1, 0.25)
+INTERVALS_CPU = (0.2, 0.5)
 SAVE_INTERVAL = 1.0   # seconds between saves of the chat while a reply streams (and once at its end)
-PANEL_INTERVAL = 0.25  # seconds between panel redraws while a reply streams (gauges, rates, sparkline)
 EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
               ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
 
 
-def frame_interval(config: EngineConfig) -> float:
-    """FRAME_INTERVAL where the model leaves this CPU cores to spare, else FRAME_INTERVAL_CPU."""
+def draw_intervals(config: EngineConfig) -> tuple[float, float]:
+    """(frame, panel) seconds: INTERVALS where the model leaves this CPU cores to spare, else INTERVALS_CPU."""
     from ssd_edge.config import usable_cores
     from ssd_edge.planning.rounds import offloaded
 
-    return FRAME_INTERVAL if offloaded(config) or usable_cores() > 4 else FRAME_INTERVAL_CPU
+    return INTERVALS if offloaded(config) or usable_cores() > 4 else INTERVALS_CPU
 
 
 class SSDEdgeApp(App[int]):
@@ -103,6 +107,7 @@ class SSDEdgeApp(App[int]):
         self._frame_timer: Any = None
         self._last_save = 0.0
         self._last_panel = 0.0
+        self._frame_interval, self._panel_interval = INTERVALS_CPU
         self._shown_info: Any = None    # the engine's model_info the panel shows
         self.frames = 0                 # frames drawn (scripts/tui_speed.py reports frames per second)
         self._load_started = 0.0
@@ -189,6 +194,7 @@ class SSDEdgeApp(App[int]):
         self.set_status(f"Writing ({self.config.mode})… Esc stops")
         self.cancel = threading.Event()
         self.outbox = Outbox(lambda: self.post_message(StreamWake()))
+        self._frame_interval, self._panel_interval = draw_intervals(self.config)
         body = partial(run_generation, self.engine, messages, self.max_tokens, self.cancel, self.outbox)
         self.jobs["generate"] = self.run_worker(body, thread=True, group="generate", exit_on_error=False)
 
@@ -205,7 +211,7 @@ class SSDEdgeApp(App[int]):
         if self._frame_due:
             return
         self._frame_due = True
-        wait = self._last_frame + frame_interval(self.config) - time.monotonic()
+        wait = self._last_frame + self._frame_interval - time.monotonic()
         if wait > 0:
             self._frame_timer = self.set_timer(wait, self.frame)
         else:
@@ -213,7 +219,7 @@ class SSDEdgeApp(App[int]):
 
     def frame(self) -> None:
         """One frame of the streaming reply: drain the outbox into the reply and the live model, then
-        redraw what changed. At most frame_interval() apart; a finished reply is drawn at once."""
+        redraw what changed. At most a frame interval apart; a finished reply is drawn at once."""
         if self._frame_timer is not None:  # a frame was due: this is it (a late one would revive the cursor)
             self._frame_timer.stop()
             self._frame_timer = None
@@ -241,7 +247,7 @@ class SSDEdgeApp(App[int]):
         self.draw(finished=done, grew=grew)
 
     def draw(self, finished: bool = False, grew: bool = True) -> None:
-        """Redraw the streaming reply (when it grew, or ended) and the panel (at most every PANEL_INTERVAL,
+        """Redraw the streaming reply (when it grew, or ended) and the panel (at most every panel interval,
         each widget only when its value changed); save the chat at most every SAVE_INTERVAL while the
         reply streams, and at its end."""
         self.frames += 1
@@ -250,7 +256,7 @@ class SSDEdgeApp(App[int]):
             if self.reply_view.refresh_message():
                 self.query_one(ChatView).follow()
         now = time.monotonic()
-        if finished or now - self._last_panel >= PANEL_INTERVAL:
+        if finished or now - self._last_panel >= self._panel_interval:
             self._last_panel = now
             # while streaming, after the reply's repaint: Textual repaints the box around everything dirty
             # at once, and the reply (left, bottom) and the gauges (right, top) together span the screen

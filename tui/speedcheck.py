@@ -30,18 +30,18 @@ from ssd_edge.events import FinishEvent, Stats
 from .app import SSDEdgeApp
 from .chats import ChatStore
 from .widgets.chat import MessageView, PromptInput
-from .widgets.panel import Gauge, LivePanel
+from .widgets.panel import Gauge, LivePanel, RateSparkline
 
 # (category, owner, method): each method's CPU time on the UI thread, its callees in other categories excluded
 def _targets() -> list[tuple[str, Any, str]]:
     from textual._compositor import Compositor
     from textual.screen import Screen
-    from textual.widgets import Sparkline, Static
+    from textual.widgets import Static
 
     return [
-        ("reply text", MessageView, "render"),
+        ("reply text", MessageView, "_update_rows"),
         ("gauges", Gauge, "render"),
-        ("sparkline", Sparkline, "render"),
+        ("sparkline", RateSparkline, "render_line"),
         ("other text", Static, "render"),
         ("panel update", LivePanel, "show_live"),
         ("panel update", LivePanel, "show_settings"),

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from tui.app import frame_interval
+from tui.app import draw_intervals
 from tui.speedcheck import compare
 
 pytestmark = pytest.mark.real
@@ -30,9 +30,9 @@ async def test_tui_and_engine_alone_on_one_prompt(small_engine, record_property)
     run = report["runs"][0]
     assert run["same_text"] and run["tui"]["tokens"] == run["engine"]["tokens"] > 1  # one answer, both faces
     assert run["tui"]["decoded"] and run["ratio"] is not None and run["ratio"] > 0  # reported: see above
-    # the frame clock: at most one frame per frame_interval (5 a second on this CPU), plus the last one (a
+    # the frame clock: at most one frame per frame interval (5 a second on this CPU), plus the last one (a
     # finished reply draws at once)
-    assert 1 <= run["frames"] <= run["tui_wall_s"] / frame_interval(config) + 2
+    assert 1 <= run["frames"] <= run["tui_wall_s"] / draw_intervals(config)[0] + 2
     parts = run["ui_cpu_ms_per_token_by_part"]
     assert {"reply text", "compositor", "gauges"} <= set(parts) and all(v >= 0 for v in parts.values())
     assert run["ui_cpu_ms_per_token"] > 0
