@@ -191,6 +191,7 @@ class SSDEdgeApp(App[int]):
         self.save_chat()
         self.live.start()
         self.phase = "generating"
+        prompt.cursor_blink = False  # a blink is a repaint of its own, twice a second, while the model needs the CPU
         self.set_status(f"Writing ({self.config.mode})… Esc stops")
         self.cancel = threading.Event()
         self.outbox = Outbox(lambda: self.post_message(StreamWake()))
@@ -271,6 +272,7 @@ class SSDEdgeApp(App[int]):
             if self.engine is not None and getattr(self.engine, "model_info", None) != self._shown_info:
                 self.show_models()
             self.phase = "ready"
+            self.query_one(PromptInput).cursor_blink = True
             self.set_status(f"Ready · {self.config.mode}", error=bool(self.reply and self.reply.note.startswith("error")))
             if self.pending:
                 pending, self.pending = self.pending, {}

@@ -52,8 +52,10 @@ async def test_escape_stops_generation_and_keeps_what_was_shown(chats):
         await send(pilot, app, "go", finish=False)
         await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
         assert app.phase == "generating"
+        assert not app.query_one(PromptInput).cursor_blink  # no repaint of its own while the model works
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.phase == "ready")
+        assert app.query_one(PromptInput).cursor_blink
         shown = app.reply.content
         assert 0 < len(shown) < len(REPLY) and app.reply.note.startswith("stopped")
     saved = json.loads(next(chats.glob("*.json")).read_text())
