@@ -391,6 +391,16 @@ async def test_a_streaming_reply_draws_the_rows_a_whole_render_would():
             await pilot.pause()
             # that frame repainted the open line's rows, not the reply's top
             assert repainted and min(r.y for r in repainted) > 10, repainted
+        # a mouse selection is drawn over the whole text, and gone again when cleared
+        from textual.geometry import Offset
+        from textual.selection import Selection
+
+        for selections in ({view: Selection(Offset(2, 1), Offset(4, 3))}, {}):
+            app.screen.selections = selections
+            await pilot.pause()
+            width = view.content_size.width
+            expected = whole(view, width)
+            assert [view.render_line(y) for y in range(len(expected))] == expected  # as the screen asks
 
 
 async def test_the_panels_own_drawing_matches_textuals():

@@ -102,14 +102,14 @@ class MessageView(Widget):
 
     def _update_rows(self, width: int) -> int:
         """Bring the rows up to date with the message at `width`; returns the first row that changed."""
-        key = (width, self.show_provenance, self.visual_style,
+        selection = self.text_selection
+        key = (width, self.show_provenance, self.visual_style, selection,
                *(self.get_component_rich_style(c) for c in sorted(self.COMPONENT_CLASSES)))
         if key != self._key:
             self._key, self._settled, self._cut, self._lines = key, [], -1, 0
         first = len(self._settled)
         body = self.body()
-        if self.text_selection is not None:  # a selection is drawn over the whole text: render it whole
-            self._key, self._settled, self._cut = None, [], -1
+        if selection is not None:  # a selection is drawn over the whole text: render it whole
             self._open = self._strips(body + self.tail(), width, 0)
             return 0
         cut = body.plain.rfind("\n")
@@ -127,14 +127,21 @@ class MessageView(Widget):
         self._update_rows(self.content_size.width if width is None else width)
         return self._settled + self._open
 
+    def _kept(self, width: int) -> int:
+        """How many rows are kept for `width` (0: none, or kept for another width)."""
+        return len(self._settled) + len(self._open) if self._key is not None and self._key[0] == width else 0
+
+    def _height(self, rows: int) -> int:
+        """The widget's height for `rows` rows: while the message streams, rounded up to a multiple of
+        RESERVE_ROWS."""
+        return -(-rows // RESERVE_ROWS) * RESERVE_ROWS if self.streaming else rows
+
     def get_content_height(self, container, viewport, width: int) -> int:
-        """The rows' count; while the message streams, rounded up to a multiple of RESERVE_ROWS."""
-        height = len(self.rows(width))
-        return -(-height // RESERVE_ROWS) * RESERVE_ROWS if self.streaming else height
+        return self._height(self._kept(width) or len(self.rows(width)))
 
     def render_line(self, y: int) -> Strip:
         width = self.content_size.width
-        rows = self._settled + self._open if self._key is not None and self._key[0] == width else self.rows(width)
+        rows = self._settled + self._open if self._kept(width) else self.rows(width)
         return rows[y] if y < len(rows) else Strip.blank(width, self.visual_style.rich_style)
 
     def refresh_message(self) -> bool:
@@ -144,13 +151,13 @@ class MessageView(Widget):
         if not width:
             self.refresh(layout=True)
             return True
-        old = len(self._settled) + len(self._open) if self._key is not None and self._key[0] == width else 0
-        first = self._update_rows(width) if old else 0
-        if self.get_content_height(self.size, self.size, width) != height:
+        old = self._kept(width)
+        first = self._update_rows(width)
+        now = len(self._settled) + len(self._open)
+        if self._height(now) != height:
             self.refresh(layout=True)
             return True
-        rows = max(old, len(self._settled) + len(self._open)) - first
-        self.refresh(Region(0, first, width, max(rows, 1)))
+        self.refresh(Region(0, first, width, max(max(old, now) - first, 1)))
         return False
 
     def notify_style_update(self) -> None:
@@ -158,8 +165,9 @@ class MessageView(Widget):
         self._key = None  # a theme or a class changed: the rows' styles may have
 
     def selection_updated(self, selection) -> None:
-        self._key = None
+        self._key = None  # the rows are drawn anew, with the selection (or without it)
         super().selection_updated(selection)
+
 
 
 def _shifted(strip: Strip, lines: int) -> Strip:
