@@ -68,8 +68,8 @@ class Gauge(Widget):
 
 class RateSparkline(Sparkline):
     """Textual's sparkline, drawn from rows it keeps until its data, size or style change. Textual
-    renders a sparkline through Rich's console on every repaint (2.4 ms for 3 rows of 40 bars here,
-    four times a second while a reply streams); its segments are the same, taken here directly."""
+    renders a sparkline through Rich's console on every repaint (2.4 ms for 3 rows of 50 bars here,
+    with every panel redraw while a reply streams); its segments are the same, taken here directly."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
