@@ -26,6 +26,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Footer, Header, Input, ProgressBar, Static
@@ -59,6 +60,7 @@ from .widgets.panel import LivePanel
 # cores or fewer). On 2 cores a panel redraw cost the UI thread 5-7 ms, a frame of the reply 1-2 ms.
 INTERVALS = (0.1, 0.25)
 INTERVALS_CPU = (0.2, 0.5)
+NARROW_BELOW = 120    # terminal columns below which the live panel is narrow (app.tcss: #panel.-narrow)
 SAVE_INTERVAL = 1.0   # seconds between saves of the chat while a reply streams (and once at its end)
 EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
               ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
@@ -127,6 +129,7 @@ class SSDEdgeApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        self.fit_panel(self.size.width)
         self.show_chat(self.chat)
         self.query_one(LivePanel).show_live(self.live)
         self.query_one("#prompt").focus()
@@ -134,6 +137,15 @@ class SSDEdgeApp(App[int]):
         self._notices = NoticeHandler(self.post_message)
         logging.getLogger("ssd_edge").addHandler(self._notices)
         self.start_load(self.config)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.fit_panel(event.size.width)
+
+    def fit_panel(self, width: int) -> None:
+        """A terminal narrower than NARROW_BELOW columns gets the narrow panel: at 80 columns the full
+        one left the chat 26 columns, where code wraps into twice the rows (and a streaming reply lays
+        the screen out twice as often)."""
+        self.query_one(LivePanel).set_class(width < NARROW_BELOW, "-narrow")
 
     def on_unmount(self) -> None:
         logging.getLogger("ssd_edge").removeHandler(self._notices)

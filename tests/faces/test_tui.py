@@ -14,6 +14,7 @@ from ssd_edge.errors import CorruptModelError, DecodeError, ModelNotFoundError
 from tui.app import SSDEdgeApp
 from tui.chats import ChatStore
 from tui.dialogs import ModelsScreen
+from tui.widgets.chat import ChatView
 from tui.screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from tui.widgets.chat import PromptInput
 from tui.widgets.panel import Gauge
@@ -445,3 +446,21 @@ async def test_the_panels_own_drawing_matches_textuals():
             assert [spark.render_line(y).adjust_cell_length(width, base) for y in range(spark.size.height)] == \
                    [Widget.render_line(spark, y).adjust_cell_length(width, base) for y in range(spark.size.height)]
         assert isinstance(spark, Sparkline)
+
+
+@pytest.mark.parametrize("size,panel", [((80, 24), 34), ((119, 40), 34), ((140, 44), 54)])
+async def test_a_narrow_terminal_gets_a_narrow_panel(size, panel):
+    """Below 120 columns the panel narrows so the chat keeps room (at 80 the full panel left it 26),
+    and a resize follows; the gauges still draw their label, bar and value."""
+    from tui.widgets.panel import LivePanel
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await send(pilot, app, "hi")
+        assert app.query_one(LivePanel).outer_size.width == panel
+        assert app.query_one(ChatView).size.width >= size[0] - panel - 2
+        hit = app.query_one("#hit", Gauge)
+        assert hit.render().plain.startswith("pre-spec hit") and hit.text in hit.render().plain
+        await pilot.resize_terminal(150, 44) if size[0] < 120 else await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert app.query_one(LivePanel).outer_size.width == (54 if size[0] < 120 else 34)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from rich.cells import cell_len
 from rich.segment import Segment
 from rich.text import Text
 from textual.app import ComposeResult
@@ -108,19 +107,19 @@ def describe_model(info: ModelInfo, threads: int) -> str:
     return f"{quant} · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
 
 
-def _fits(text: Text, width: int) -> bool:
-    return width > 0 and all(cell_len(line) <= width for line in text.plain.split("\n"))
+def _rows(static: Static, text: Text, width: int) -> int:
+    """How many rows `text` takes at `width` (wrapped as the Static wraps it)."""
+    return len(text.wrap(static.app.console, width)) if width > 0 else -1
 
 
 def set_text(static: Static, text: Text) -> None:
     """Static.update, skipped when the text is the one shown; a layout of the screen only when the text's
-    height may change (a line does not fit the width, or the number of lines changed)."""
+    height changes (a narrow panel wraps its lines: each of its updates laid the screen out otherwise)."""
     old = getattr(static, "_shown_text", None)
     if old == text:
         return
     width = static.content_size.width
-    same_height = (old is not None and _fits(old, width) and _fits(text, width)
-                   and old.plain.count("\n") == text.plain.count("\n"))
+    same_height = old is not None and width > 0 and _rows(static, old, width) == _rows(static, text, width)
     static._shown_text = text  # type: ignore[attr-defined]
     static.update(text, layout=not same_height)
 
