@@ -61,7 +61,6 @@ class MessageView(Widget):
         self._key: tuple | None = None   # what the rows were rendered for: width, provenance, styles
         self._settled: list[Strip] = []  # the rows of body[:self._cut]
         self._cut = -1                   # the line break that ends the settled text (-1: none yet)
-        self._lines = 0                  # line breaks up to and including it
         self._open: list[Strip] = []     # the rows after it: the open line, the cursor, the note
 
     # ---------------------------------------------------------------- the text
@@ -106,20 +105,20 @@ class MessageView(Widget):
         key = (width, self.show_provenance, self.visual_style, selection,
                *(self.get_component_rich_style(c) for c in sorted(self.COMPONENT_CLASSES)))
         if key != self._key:
-            self._key, self._settled, self._cut, self._lines = key, [], -1, 0
+            self._key, self._settled, self._cut = key, [], -1
         first = len(self._settled)
         body = self.body()
         if selection is not None:  # a selection is drawn over the whole text: render it whole
             self._open = self._strips(body + self.tail(), width, 0)
             return 0
-        cut = body.plain.rfind("\n")
+        plain = body.plain
+        cut = plain.rfind("\n")
         if cut > self._cut:  # whole lines were completed: render them on their own and keep their rows
             chunk = body[self._cut + 1:cut]
-            line = body.plain.count("\n", 0, self._cut + 1)
-            self._settled += self._strips(chunk, width, line) if chunk.plain else \
+            self._settled += self._strips(chunk, width, plain.count("\n", 0, self._cut + 1)) if chunk.plain else \
                 [Strip.blank(width, self.visual_style.rich_style)]
-            self._cut, self._lines = cut, body.plain.count("\n")
-        self._open = self._strips(body[cut + 1:] + self.tail(), width, self._lines if cut >= 0 else 0)
+            self._cut = cut
+        self._open = self._strips(body[cut + 1:] + self.tail(), width, plain.count("\n"))
         return first
 
     def rows(self, width: int | None = None) -> list[Strip]:
@@ -167,7 +166,6 @@ class MessageView(Widget):
     def selection_updated(self, selection) -> None:
         self._key = None  # the rows are drawn anew, with the selection (or without it)
         super().selection_updated(selection)
-
 
 
 def _shifted(strip: Strip, lines: int) -> Strip:
