@@ -114,13 +114,15 @@ def _rows(static: Static, text: Text, width: int) -> int:
 
 def set_text(static: Static, text: Text) -> None:
     """Static.update, skipped when the text is the one shown; a layout of the screen only when the text's
-    height changes (a narrow panel wraps its lines: each of its updates laid the screen out otherwise)."""
-    old = getattr(static, "_shown_text", None)
-    if old == text:
+    height changes (a narrow panel wraps its lines: each of its updates laid the screen out otherwise).
+    The shown text's rows are kept with it, so each update wraps only the new text."""
+    shown = getattr(static, "_shown", None)  # (text, width, rows) of what is on screen
+    if shown is not None and shown[0] == text:
         return
     width = static.content_size.width
-    same_height = old is not None and width > 0 and _rows(static, old, width) == _rows(static, text, width)
-    static._shown_text = text  # type: ignore[attr-defined]
+    rows = _rows(static, text, width)
+    same_height = shown is not None and width > 0 and shown[1:] == (width, rows)
+    static._shown = (text, width, rows)  # type: ignore[attr-defined]
     static.update(text, layout=not same_height)
 
 
