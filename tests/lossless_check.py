@@ -27,8 +27,10 @@ on the small pair, whose batched and one-token logits are bitwise equal
 (tests/real/test_backend.py); on the Qwen pair at most MAX_TIES_PER_PROMPT in
 one answer and a tie rate of at most QWEN_MAX_TIE_RATE per compared token,
 while at least MIN_COMPARED of all generated tokens are compared. (Measured on
-Qwen: up to 4 ties in one answer, about 0.5% of the compared tokens per mode,
-both candidates within 0.25 of each other in both rows of every tie CI printed.) The replay itself is
+Qwen: up to 4 ties in one answer, about 0.5% of the compared tokens per mode
+over --full's prompts, but 1.8-2.4% on the default plan's three 1+1 prompts,
+whose code answer is dense with near-ties; both candidates within 0.25 of each
+other in both rows of every tie CI printed.) The replay itself is
 checked against whole runs (every position reproduced), so a broken replay
 cannot turn a real difference into a "tie", and a fabricated difference is
 shown to fail (small pair; --full adds the replay check on Qwen).
@@ -55,7 +57,11 @@ FULL_MAX_NEW = 128
 ROW_TOL = 1.32           # 1.5 x 0.878
 TIE_TOL = 0.86           # 1.5 x 0.572: a gap below this, in both rows, is a near-tie
 MAX_TIES_PER_PROMPT = 8
-QWEN_MAX_TIE_RATE = 0.02  # ties per compared token, per mode (measured ~0.005)
+# Ties per compared token, per mode. Measured: ~0.005 over --full's prompts; on the default plan at 1+1
+# (3 prompts, 166 compared tokens) CI saw sd 3, ssd 3, auto 4 ties (2.4%, which failed the old bound
+# of 0.02). The count is small and clusters (3 of auto's 4 in the fibonacci answer), so the bound is
+# 2.5x the worst rate seen: a Poisson count of mean 4 exceeds it (10 of 166) with probability < 1%.
+QWEN_MAX_TIE_RATE = 0.06
 MIN_COMPARED = 0.95       # fraction of ar's tokens that must be compared token for token
 
 # The SSD budget variants: one branch's worth of cells (forces misses, backups and partial hits),
