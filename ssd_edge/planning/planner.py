@@ -77,6 +77,7 @@ EXPLORE_UPSIDE = 1.25
 EXPLORE_K = 3
 EXPLORE_FIRST = 8
 EXPLORE_MOST = 64
+DEPTH_FADE = 4.0     # draft rounds over which a position not reached fades halfway into the one before
 # n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
 # 32 and more, and each class's acceptance prior, until measured
 MATCH_CLASSES = (4, 8, 16, 32)
@@ -155,6 +156,8 @@ class Planner:
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
         self.rounds_since_draft = 0
+        self.draft_rounds = 0                                      # rounds the draft model drafted
+        self.draft_reached = [0] * draft_cap                       # ... counted when each position was last reached
         self.explore_wait = EXPLORE_FIRST                          # plain rounds before the next probe
         self.probes = 0
         self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)         # prepared rounds used / looked up
@@ -175,21 +178,36 @@ class Planner:
         """P(position i accepted | the ones before were). A position never yet reached (drafts were
         shorter) takes the estimate of the deepest one measured: acceptance along a draft is flat or
         rising past its first token, and without this a draft could never grow past the lengths
-        it started at."""
+        it started at. Likewise a draft position not reached for a while fades into the estimate of
+        the one before it (DEPTH_FADE): one early rejection there must not keep every later draft
+        shorter than it, since a short draft never measures it again."""
         rates = self.ngram_alpha[match_class(self.ngram_match)] if kind == "ngram" else self.draft_alpha
         i = min(i, len(rates) - 1)
         while i > 0 and rates[i].n == 0 and rates[i - 1].n > 0:
             i -= 1
         if kind == "ngram":
             return rates[i].value
-        measured = rates[i]
+        measured = rates[i].value
+        if i > 0 and self.draft_rounds > self.draft_reached[i]:
+            fresh = 0.5 ** ((self.draft_rounds - self.draft_reached[i]) / DEPTH_FADE)
+            measured = fresh * measured + (1.0 - fresh) * self._alpha_measured(i - 1)
         proxy = min(1.0, self.calibration.value * self.confidence.value)
-        if measured.n == 0:  # the draft has not run yet: the target's confidence is all there is
+        if rates[i].n == 0:  # the draft has not run yet: the target's confidence is all there is
             return proxy
         # Stale measurements fade into the confidence estimate: a draft written off on prose is tried
         # again when the target grows confident (code), without paying for a blind exploration.
         fresh = 0.5 ** (self.rounds_since_draft / 8.0)
-        return fresh * measured.value + (1.0 - fresh) * proxy
+        return fresh * measured + (1.0 - fresh) * proxy
+
+    def _alpha_measured(self, i: int) -> float:
+        """Draft position i's measured acceptance, faded by depth as in alpha() (no confidence proxy)."""
+        while i > 0 and self.draft_alpha[i].n == 0 and self.draft_alpha[i - 1].n > 0:
+            i -= 1
+        measured = self.draft_alpha[i].value
+        if i > 0 and self.draft_rounds > self.draft_reached[i]:
+            fresh = 0.5 ** ((self.draft_rounds - self.draft_reached[i]) / DEPTH_FADE)
+            measured = fresh * measured + (1.0 - fresh) * self._alpha_measured(i - 1)
+        return measured
 
     def gains(self, kind: Kind, m: int) -> list[float]:
         """[g_0 .. g_m]: g_j = E[tokens committed] when j tokens of `kind` are verified."""
@@ -349,8 +367,10 @@ class Planner:
         self.prefilled = True
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0
+            self.draft_rounds += 1
             for i in range(min(drafted, len(self.draft_alpha), accepted + 1)):
                 self.draft_alpha[i].add(1.0 if i < accepted else 0.0)  # position i was reached; accepted?
+                self.draft_reached[i] = self.draft_rounds
             reached = list(committed_top1[:min(drafted, accepted + 1)])
             if reached:
                 self.calibration.add(accepted, sum(reached))

@@ -465,3 +465,23 @@ def test_the_worker_drafts_branches_as_deep_as_the_curve_pays():
 def test_fixed_modes_never_run_the_worker_unless_ssd():
     assert not planner(menu="sd").worker_runs(4)
     assert planner(menu="ssd", curve=STEEP, contention=3.0).worker_runs(4)
+
+
+def test_a_deep_position_rejected_early_does_not_cap_every_later_draft():
+    """Memory-bound: the first two drafts are rejected at their second token, so position 1 reads
+    low and the plan drafts one token at a time, which never measures position 1 again. Without the
+    depth fade the draft stayed at m = 1 for the whole answer (measured on prose, BF16 stand-in:
+    draft_alpha [0.67, 0.24, ...], 34 rounds of m = 1); with it, position 1 fades into position 0's
+    acceptance, and the drafts grow back."""
+    p = planner(cap=8, draft_ms=36.0, curve=FLAT)
+    for _ in range(2):
+        p.observe("draft", 4, 1, p.costs.target.ms(5), [0.9, 0.9])  # position 0 accepted, 1 rejected
+    assert p.alpha("draft", 1) < 0.3
+    lengths = []
+    for _ in range(12):  # now every drafted token is accepted
+        d = p.plan(Offer(16, remaining=200, draft=True))
+        assert d.kind == "draft"
+        lengths.append(d.m)
+        p.observe("draft", d.m, d.m, p.costs.target.ms(d.m + 1), [0.95] * (d.m + 1))
+    assert lengths[0] == 1 and max(lengths[-4:]) >= 2, lengths
+    assert p.alpha("draft", 1) > 0.6
