@@ -34,6 +34,7 @@ from .interface import ModelInfo
 from .llama.backend import Context, Model, check_gguf_file, check_same_vocab
 from .llama.kvseq import Cancelled, KVSeq
 from .llama.timing import DecodeTimer
+from .memory import MemoryUse, measure as measure_memory, rss_bytes
 from .metrics import Ema, Meter
 from .models.catalog import resolve_model
 from .planning import rounds as planned
@@ -113,6 +114,7 @@ class Engine:
         draft_path = Path(resolve_model(config.draft.path, models_dir)) if config.draft is not None else None
         if draft_path is not None:
             check_gguf_file(draft_path)  # a wrong draft is named now, not at the first round that drafts
+        self.rss_base = rss_bytes()  # the process without the models (memory.py's "other")
         self._attach(config, *_load_target(config, models_dir))
         self._draft_path = draft_path
         self._profile_looked_up = not profiles
@@ -128,6 +130,7 @@ class Engine:
                    draft_ctx: Any = None) -> "Engine":
         """An engine over models and contexts built elsewhere (the tests' fake backend)."""
         self = cls.__new__(cls)
+        self.rss_base = rss_bytes()
         self._attach(config, target, target_ctx)
         self._draft_path = Path(draft.path) if draft is not None else None
         if draft is not None:
@@ -323,7 +326,8 @@ class Engine:
         finally:
             rounds.close()
         tail = text.finish()
-        stats = meter.stats(seed=None if s.greedy else seed, auto=rounds.report(), draft_load_s=draft_load_s)
+        stats = meter.stats(seed=None if s.greedy else seed, auto=rounds.report(), draft_load_s=draft_load_s,
+                            memory=self.memory().to_dict())
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     def _commit(self, tokens: list[int], room: int, text: StopText) -> _Committed:
@@ -374,6 +378,11 @@ class Engine:
         return self._info
 
     n_vocab = property(lambda self: self.target.n_vocab)
+
+    def memory(self) -> MemoryUse:
+        """Where the memory goes now: weights, KV caches and compute buffers by model, and the rest
+        of the process (memory.py; the figures are llama.cpp's own allocations)."""
+        return measure_memory(self)
 
     def tokenize(self, text: str, *, parse_special: bool = False) -> list[int]:
         """`text` in the target's vocabulary, with its start token; parse_special: read special tokens'

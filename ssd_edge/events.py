@@ -158,10 +158,13 @@ class Stats:
     auto: AutoStats | None = None       # mode auto only
     first_round_tokens: int = 0         # tokens the first round emitted (it carries the prompt's prefill)
     draft_load_s: float | None = None   # the draft model was loaded for this generation first, in this long
+    memory: Mapping[str, int] | None = None  # bytes by part at the end (memory.MemoryUse.to_dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))
         object.__setattr__(self, "per_position_acceptance", tuple(self.per_position_acceptance))
+        if self.memory is not None:
+            object.__setattr__(self, "memory", _frozen(self.memory))
 
     @property
     def decode_s(self) -> float:
@@ -178,7 +181,7 @@ class Stats:
         """The JSON form: one key per field, nested prespec and auto; "auto" only in mode auto."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(per_position_acceptance=list(self.per_position_acceptance), prespec=self.prespec.to_dict(),
-                   speculators=dict(self.speculators))
+                   speculators=dict(self.speculators), memory=dict(self.memory) if self.memory is not None else None)
         if self.auto is None:
             del out["auto"]
         else:

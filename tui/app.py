@@ -340,7 +340,9 @@ class SSDEdgeApp(App[int]):
         """The loaded pair in the panel (again after a reply for which the engine loaded its draft)."""
         profile = getattr(self.engine, "auto_profile", lambda: None)()  # read once, cached by the engine
         self._shown_info = self.engine.model_info
-        self.query_one(LivePanel).show_models(self._shown_info, self.config, regime=profile.regime() if profile else None)
+        memory = self.engine.memory() if hasattr(self.engine, "memory") else None
+        self.query_one(LivePanel).show_models(self._shown_info, self.config, regime=profile.regime() if profile else None,
+                                              memory=memory)
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.phase, self.exit_code = "failed", msg.exit_code

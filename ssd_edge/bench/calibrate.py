@@ -29,6 +29,7 @@ from ..config import EngineConfig
 from ..engine import Engine
 from ..errors import ConfigError
 from ..events import FinishEvent
+from ..memory import MemoryUse
 from ..planning import profile as prof
 from ..planning.planner import NGRAM_CAP
 
@@ -127,7 +128,8 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
     return prof.Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
         target=prof.ModelId.of(engine.model_paths[0]), draft=prof.ModelId.of(engine.model_paths[1]), k_max=k_max,
-        costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load)
+        costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load,
+        memory={**engine.memory().to_dict(), "n_ctx": engine.config.n_ctx})
 
 
 VERIFY_TOKENS = 4  # the target decode whose slowdown beside the draft is timed (a verify of 3)
@@ -259,6 +261,10 @@ def _print(p: prof.Profile, path, console) -> None:
     cores = p.device.cores
     split = p.split(cores)
     console.print(f"regime: {p.regime()}")
+    if p.memory:
+        mem = MemoryUse(**{k: v for k, v in p.memory.items() if k in MemoryUse.__dataclass_fields__})
+        console.print(f"memory while calibrating (both models, a context of {p.memory.get('n_ctx', '?')} tokens): "
+                      f"{mem.describe()}")
     console.print(f"auto on {cores} cores: " + (f"the draft beside the target, {split[0]}+{split[1]} threads (the "
                                                 "target keeps its speed beside it)" if split else
                                                 "the two models take turns with every core each (the target loses "

@@ -93,6 +93,9 @@ class RunRecord(BaseModel):
     draft_busy_s: float
     target_busy_s: float
     peak_rss_mib: float
+    memory: dict[str, int] | None = Field(default=None, description="bytes by part at the end of the run "
+                                          "(memory.MemoryUse.to_dict: weights, KV and compute buffers by model, "
+                                          "the process before the models loaded, their total, RSS)")
     modes_run: dict[str, int] = Field(description="rounds per mode that actually ran (auto may switch)")
     auto: dict[str, Any] | None = None
     output_sha: str = Field(description="sha256 of the output token ids (greedy runs should agree across modes)")

@@ -30,7 +30,8 @@ from ..config import parse_endpoints
 from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError,
                       VocabMismatchError)
 from ..interface import Aborted, ModelInfo, TextStream
-from .library import gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, system_info
+from ..memory import parse_buffers
+from .library import capture_log, gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, system_info
 from .rpc import probe
 from .rpc_guard import GUARD
 
@@ -88,11 +89,13 @@ class Model:
         if devices is not None:  # NULL-terminated; llama.cpp copies the list during the load
             params.devices = ctypes.cast(devices, ctypes.c_void_p)
         path_c = str(self.path).encode()
-        if self.endpoints:  # weights travel to the servers: a dead one must not hang the load
-            ptr = GUARD.call(f"loading {self.path.name}", self.endpoints, 10 * rpc_timeout_s,
-                            ll.llama_model_load_from_file, path_c, params)
-        else:
-            ptr = ll.llama_model_load_from_file(path_c, params)
+        with capture_log() as lines:  # the weight buffers llama.cpp allocates, by device (memory.py)
+            if self.endpoints:  # weights travel to the servers: a dead one must not hang the load
+                ptr = GUARD.call(f"loading {self.path.name}", self.endpoints, 10 * rpc_timeout_s,
+                                ll.llama_model_load_from_file, path_c, params)
+            else:
+                ptr = ll.llama_model_load_from_file(path_c, params)
+        self.buffers = parse_buffers(lines)
         if not ptr:
             raise CorruptModelError(f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)")
         self.ptr = ptr
@@ -259,11 +262,13 @@ class Context:
         params.no_perf = True
         self._endpoints = list(getattr(model, "endpoints", ()))  # llama.cpp calls that may wait on an RPC server
         self._timeout_s = getattr(model, "rpc_timeout_s", 60.0)
-        if self._endpoints:
-            ptr = GUARD.call(f"creating a context for {model.path.name}", self._endpoints, self._timeout_s,
-                            ll.llama_init_from_model, model.ptr, params)
-        else:
-            ptr = ll.llama_init_from_model(model.ptr, params)
+        with capture_log() as lines:  # its KV, output and compute buffers (memory.py)
+            if self._endpoints:
+                ptr = GUARD.call(f"creating a context for {model.path.name}", self._endpoints, self._timeout_s,
+                                ll.llama_init_from_model, model.ptr, params)
+            else:
+                ptr = ll.llama_init_from_model(model.ptr, params)
+        self.buffers = parse_buffers(lines)
         if not ptr:
             kv = "" if cache_type_k == cache_type_v == "f16" else \
                 f" with a {cache_type_k}/{cache_type_v} KV cache (flash attention {flash_attn})"

@@ -8,8 +8,9 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from contextlib import contextmanager
 from importlib import metadata
-from typing import Any
+from typing import Any, Iterator
 
 
 class _Library:
@@ -34,7 +35,16 @@ _verbose = False
 _log_callback = None  # the C callback; a module-level reference keeps it alive while llama.cpp holds it
 
 
+_captures: list[list[str]] = []  # the open capture_log() lists: every llama.cpp log line goes to each
+_captures_lock = threading.Lock()
+
+
 def _write_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:  # called from C
+    if _captures:
+        line = text.decode(errors="replace")
+        with _captures_lock:
+            for lines in _captures:
+                lines.append(line)
     if _verbose:
         try:
             os.write(2, text)
@@ -58,6 +68,20 @@ def init(verbose: bool = False) -> None:
                 "machines that trap it; rebuild with scripts/setup.sh (it switches AMX off)")
         ll.llama_backend_init()
         _initialised = True
+
+
+@contextmanager
+def capture_log() -> Iterator[list[str]]:
+    """The llama.cpp log lines written while the block runs (whatever the verbosity), from any thread:
+    what a model load or a context creation says of the buffers it allocated (memory.py reads them)."""
+    lines: list[str] = []
+    with _captures_lock:
+        _captures.append(lines)
+    try:
+        yield lines
+    finally:
+        with _captures_lock:
+            _captures[:] = [c for c in _captures if c is not lines]
 
 
 def system_info() -> str:

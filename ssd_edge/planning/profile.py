@@ -90,6 +90,8 @@ class Profile(BaseModel):
     acceptance: Acceptance
     calibration_s: float = 0.0
     load_avg: float | None = Field(default=None, description="1-minute load average when calibration began")
+    memory: dict[str, int] | None = Field(default=None, description="bytes by part while calibrating, both "
+                                          "models loaded (memory.MemoryUse.to_dict), and the context's size")
 
     # ------------------------------------------------------------ reading
     def at(self, target_threads: int, draft_threads: int | None = None) -> ThreadCosts | None:

@@ -72,6 +72,11 @@ class Monitor:
         self.queue_depth = Gauge("ssd_edge_queue_depth", "requests waiting for the engine", registry=r)
         self.queue_capacity = Gauge("ssd_edge_queue_capacity", "requests that may wait (--max-queue)", registry=r)
         self.in_progress = Gauge("ssd_edge_generations_in_progress", "generations running (0 or 1)", registry=r)
+        self.memory = Gauge("ssd_edge_memory_bytes", "memory by part at the end of the latest generation: "
+                            "target_weights, draft_weights, target_kv, draft_kv (its branch cells included), "
+                            "compute (both contexts' compute and output buffers), other (the process before "
+                            "the models loaded), total (their sum), rss (resident now), on_device (of the "
+                            "parts, what a GPU or RPC device holds)", ["part"], registry=r)
         self._drafted = self._accepted = 0
         self._lookups = self._hits = 0
 
@@ -116,6 +121,8 @@ class Monitor:
             self.tokens_per_s.set(st.tokens_per_s)
         for proposer, n in (st.auto.decisions if st.auto is not None else {}).items():
             self.planner.labels(proposer).inc(n)
+        for part, n in (st.memory or {}).items():
+            self.memory.labels(part).set(n)
 
     # ------------------------------------------------------------ read by GET /metrics
     def exposition(self) -> bytes:

@@ -533,6 +533,10 @@ def test_metrics_agree_with_the_answers(live):
     assert metric(m, "ssd_edge_time_to_first_token_seconds_count") == 3
     assert metric(m, "ssd_edge_queue_depth") == 0 and metric(m, "ssd_edge_queue_capacity") == 8
     assert metric(m, "ssd_edge_generations_in_progress") == 0
+    # memory by part (the fake models allocate nothing through llama.cpp: the process is all there is)
+    assert metric(m, "ssd_edge_memory_bytes", part="rss") > 0
+    assert metric(m, "ssd_edge_memory_bytes", part="total") == metric(m, "ssd_edge_memory_bytes", part="other") > 0
+    assert metric(m, "ssd_edge_memory_bytes", part="target_weights") == 0
 
 
 # ---------------------------------------------------------------- load

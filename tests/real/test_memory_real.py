@@ -50,7 +50,9 @@ def test_memory_flags_from_the_command_line(small_pair):
         p = ssd_edge("generate", "--json", "-q", "The capital of France is", *pair_args(small_pair), "-n", "12",
                      "--mode", mode, *flags)
         assert p.returncode == 0, p.stderr.decode()
-        answers[mode] = json.loads(p.stdout)["tokens"]
+        out = json.loads(p.stdout)
+        answers[mode] = out["tokens"]
+        assert out["stats"]["memory"]["target_kv"] > 0 and out["stats"]["memory"]["total"] > 0
     assert answers["sd"] == answers["ar"]
 
 
@@ -83,3 +85,30 @@ def test_the_draft_is_loaded_only_when_a_mode_first_drafts(small_pair):
         again = eng.complete(prompt, max_tokens=12, mode="ssd")
         assert again.stats.draft_load_s is None
         assert ar.tokens == lookup.tokens == sd.tokens == again.tokens
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_memory_by_part_is_what_llama_cpp_allocated(small_pair, kv):
+    """Engine.memory() reads llama.cpp's own allocations: the f16 KV cache is exactly cells x bytes per
+    cell (from the model's shape), a q8_0 one 34/64 of that (32 values in 34 bytes against 64), the
+    weights at least the tensors' size; the draft's parts appear when it loads; every part reaches
+    Stats.memory."""
+    memory = dict(cache_type_k=kv, cache_type_v=kv, flash_attn="on")
+    with make_engine(small_pair, target=dict(memory), draft=dict(memory)) as eng:
+        before = eng.memory()
+        assert before.draft_weights == before.draft_kv == 0 and before.target_weights > 0
+        eng.load_draft()
+        m = eng.memory()
+        for role, info, ctx, got in (("target", eng.model_info[0], eng.target_ctx, m.target_kv),
+                                     ("draft", eng.model_info[1], eng.draft_ctx, m.draft_kv)):
+            f16 = info.kv_bytes_per_cell * ctx.n_ctx
+            want = f16 if kv == "f16" else f16 * 34 / 64
+            assert got == pytest.approx(want, rel=0.01, abs=2**14), (role, got, want)  # the log gives MiB to 2 decimals
+        slack = 2**14  # each buffer's MiB, to 2 decimals
+        assert m.target_weights >= eng.model_info[0].size_bytes - slack
+        assert m.draft_weights >= eng.model_info[1].size_bytes - slack
+        assert m.compute > 0 and m.other > 0 and m.rss > 0 and m.on_device == 0
+        assert m.total == m.target_weights + m.draft_weights + m.target_kv + m.draft_kv + m.compute + m.other
+        stats = eng.complete("The capital of France is", max_tokens=4, mode="sd").stats
+        assert {k: v for k, v in stats.memory.items() if k != "rss"} == {k: v for k, v in m.to_dict().items() if k != "rss"}
+        assert "target weights" in m.describe() and "draft KV" in m.describe()

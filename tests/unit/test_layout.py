@@ -31,7 +31,7 @@ NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "fac
 # module at the top of a source folder ("x/y.py"). A module may import its own part, or a part on its own
 # layer or below, never one above.
 LAYERS = {
-    **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "interface", "paths",
+    **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "memory", "interface", "paths",
                                           "progress", "sampling", "coupling", "verify", "text", "stats_text")},
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/settings.py": ADAPTER,      # the flags' table that cli and server share; reads the catalog

@@ -21,7 +21,7 @@ OLD_KEYS = {
     "target_busy_s", "draft_util", "target_util", "latency_ms_p50", "latency_ms_p95", "prespec", "speculators",
     "seed",
 }
-NEW_KEYS = {"first_round_tokens", "draft_load_s"}  # added since; old readers ignore them
+NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",

@@ -18,6 +18,7 @@ from textual.widgets import Sparkline, Static
 from ssd_edge.config import EngineConfig
 from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR, hit_rate_health
 from ssd_edge.interface import ModelInfo
+from ssd_edge.memory import MemoryUse
 
 from ..live import LiveModel
 
@@ -147,9 +148,10 @@ class LivePanel(VerticalScroll):
         yield Gauge("branch mem", id="branches")
 
     def show_models(self, info: tuple[ModelInfo | None, ModelInfo | None] | None, config: EngineConfig,
-                    status: str = "", regime: str | None = None) -> None:
+                    status: str = "", regime: str | None = None, memory: MemoryUse | None = None) -> None:
         """The pair's names and, once loaded, what Engine.model_info says of each (None: not loaded);
-        regime: what the device's calibrated verify curve means for speculation, in words."""
+        regime: what the device's calibrated verify curve means for speculation, in words; memory:
+        where the memory goes (Engine.memory)."""
         lines = Text()
         target, draft = info or (None, None)
         for role, mc, model_info in (("target", config.target, target), ("draft", config.draft, draft)):
@@ -166,6 +168,8 @@ class LivePanel(VerticalScroll):
                 lines.append(" " * 7).append("not loaded: it loads when a mode first drafts\n", "dim")
         if regime:
             lines.append(f"{'regime':<7}", "bold").append(regime + "\n", "dim")
+        if memory is not None:
+            lines.append(f"{'memory':<7}", "bold").append(memory.describe() + "\n", "dim")
         lines.rstrip()
         self.query_one("#models", Static).update(lines)
 
