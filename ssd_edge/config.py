@@ -175,6 +175,9 @@ class EngineConfig(_Strict):
     spec: SpecConfig = Field(default_factory=SpecConfig)
     prespec: PrespecConfig = Field(default_factory=PrespecConfig)
     verbose: bool = Field(default=False, description="let llama.cpp print its logs")
+    memory_budget: int | None = Field(default=None, ge=1, description="bytes the app may take (--memory-budget): "
+                                      "the engine shrinks the context, the KV type, the branch cells, then drops "
+                                      "the draft until its estimate fits (memory.fit_budget)")
     threads_follow_mode: bool = Field(default=False, description="re-split threads for each generation's mode "
                                       "(split_threads) instead of the fixed target/draft counts")
 

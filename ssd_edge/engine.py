@@ -34,7 +34,7 @@ from .interface import ModelInfo
 from .llama.backend import Context, Model, check_gguf_file, check_same_vocab
 from .llama.kvseq import Cancelled, KVSeq
 from .llama.timing import DecodeTimer
-from .memory import MemoryUse, measure as measure_memory, rss_bytes
+from .memory import BudgetPlan, MemoryUse, ModelCost, fit_budget, measure as measure_memory, rss_bytes
 from .metrics import Ema, Meter
 from .models.catalog import resolve_model
 from .planning import rounds as planned
@@ -61,17 +61,65 @@ class Completion:
     stats: Stats
 
 
-def _load_target(config: EngineConfig, models_dir: str | None) -> tuple[Model, Context]:
-    """The target and its context (the model closed again if the context fails)."""
+def _load_target(config: EngineConfig, models_dir: str | None, draft_path: Path | None, base: int
+                 ) -> tuple[EngineConfig, BudgetPlan | None, Model, Context]:
+    """The target and its context (the model closed again if the context fails), and the config they
+    were made with: under --memory-budget, fitted once the target's weights are known."""
     t = config.target
     target = Model(resolve_model(t.path, models_dir), t.n_gpu_layers, config.verbose, rpc=t.rpc,
                    rpc_timeout_s=t.rpc_timeout_s, mmap=t.mmap, mlock=t.mlock)
     try:
-        return target, Context(target, config.n_ctx, config.n_batch, t.threads, cache_type_k=t.cache_type_k,
-                               cache_type_v=t.cache_type_v, flash_attn=t.flash_attn)
+        plan = None
+        if config.memory_budget is not None:
+            config, plan = _fit_budget(config, target, draft_path, base)
+            t = config.target
+        return config, plan, target, Context(target, config.n_ctx, config.n_batch, t.threads,
+                                             cache_type_k=t.cache_type_k, cache_type_v=t.cache_type_v,
+                                             flash_attn=t.flash_attn)
     except BaseException:
         target.close()
         raise
+
+
+def _fit_budget(config: EngineConfig, target: Model, draft_path: Path | None, base: int
+                ) -> tuple[EngineConfig, BudgetPlan]:
+    """config changed to fit --memory-budget (memory.fit_budget): the target's weights as loaded, the
+    draft's read by loading it for a moment (its weights and cell size), the rest from the models' shapes."""
+    budget = config.memory_budget
+    assert budget is not None
+    info = target.info()
+    tcost = ModelCost(target.buffers.weights or info.size_bytes, info.kv_bytes_per_cell, info.n_vocab)
+    dcost = None
+    if draft_path is not None and config.draft is not None and "draft" in planned.MENUS[config.mode].kinds:
+        d = config.draft
+        draft = Model(draft_path, d.n_gpu_layers, config.verbose, mmap=d.mmap, mlock=d.mlock)
+        try:
+            dinfo = draft.info()
+            dcost = ModelCost(draft.buffers.weights or dinfo.size_bytes, dinfo.kv_bytes_per_cell, dinfo.n_vocab)
+        finally:
+            draft.close()
+    try:
+        plan = fit_budget(budget, base=base, target=tcost, draft=dcost, n_ctx=config.n_ctx, n_batch=config.n_batch,
+                          kv=config.target.cache_type_k, budget_cells=config.prespec.budget_cells,
+                          draft_extra=_draft_extra(config), draft_required=config.mode in ("sd", "ssd"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    cfg = config.model_dump()
+    cfg.update(n_ctx=plan.n_ctx)
+    cfg["prespec"]["budget_cells"] = plan.budget_cells
+    for role in ("target", "draft"):
+        if cfg[role] is not None and plan.kv != config.target.cache_type_k:
+            cfg[role].update(cache_type_k=plan.kv, cache_type_v=plan.kv, flash_attn="on")  # a quantized V needs it
+    if not plan.draft and dcost is not None:
+        cfg["draft"] = None
+    log.info("%s", plan.describe(budget))
+    return EngineConfig.build(**cfg), plan
+
+
+def _draft_extra(config: EngineConfig) -> int:
+    """The draft context's cells beyond the history and the branch budget: the longest draft the worker
+    reads after the history, twice, and a margin."""
+    return 2 * (config.spec.k or planned.NGRAM_CAP) + 16
 
 
 def _load_draft(config: EngineConfig, path: Path, target: Model, n_seqs: int, budget_cells: int
@@ -84,7 +132,7 @@ def _load_draft(config: EngineConfig, path: Path, target: Model, n_seqs: int, bu
     draft = Model(path, d.n_gpu_layers, config.verbose, mmap=d.mmap, mlock=d.mlock)
     try:
         check_same_vocab(target, draft)
-        n_ctx = config.n_ctx + budget_cells + 2 * (config.spec.k or planned.NGRAM_CAP) + 16
+        n_ctx = config.n_ctx + budget_cells + _draft_extra(config)
         return draft, Context(draft, n_ctx, config.n_batch, d.threads, n_seqs, cache_type_k=d.cache_type_k,
                               cache_type_v=d.cache_type_v, flash_attn=d.flash_attn)
     except BaseException:
@@ -115,8 +163,9 @@ class Engine:
         if draft_path is not None:
             check_gguf_file(draft_path)  # a wrong draft is named now, not at the first round that drafts
         self.rss_base = rss_bytes()  # the process without the models (memory.py's "other")
-        self._attach(config, *_load_target(config, models_dir))
-        self._draft_path = draft_path
+        config, self.budget_plan, *loaded = _load_target(config, models_dir, draft_path, self.rss_base)
+        self._attach(config, *loaded)
+        self._draft_path = draft_path if config.draft is not None else None
         self._profile_looked_up = not profiles
         try:
             if self.uses_draft(config.mode):
@@ -130,7 +179,7 @@ class Engine:
                    draft_ctx: Any = None) -> "Engine":
         """An engine over models and contexts built elsewhere (the tests' fake backend)."""
         self = cls.__new__(cls)
-        self.rss_base = rss_bytes()
+        self.rss_base, self.budget_plan = rss_bytes(), None
         self._attach(config, target, target_ctx)
         self._draft_path = Path(draft.path) if draft is not None else None
         if draft is not None:

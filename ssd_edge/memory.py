@@ -132,3 +132,101 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.3g} {unit}"
         n /= 1024
     return f"{n:.3g} GiB"  # pragma: no cover
+
+
+# ---------------------------------------------------------------- --memory-budget
+
+KV_BYTES = {"f16": 64 / 32, "q8_0": 34 / 32, "q4_0": 18 / 32}  # bytes per value: 32 values in 64, 34, 18 bytes
+MIN_CTX = 2048           # the budget shrinks the context to no less than this (or the size asked, if smaller)
+COMPUTE_SLACK = 8 * MIB  # a context's compute buffer beyond its logits (measured 302 MiB for 512 x 151,936 x 4 B)
+
+
+def parse_size(text: str) -> int:
+    """'3G', '2.5GiB', '512M', '800MB', '1048576' -> bytes (binary units: 1G = 2^30 bytes)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"'{text}' is not a size: give a number with K, M or G (e.g. 3G, 512M)")
+    return int(float(m.group(1)) * 1024 ** "bkmgt".index(m.group(2) or "b"))
+
+
+def compute_bytes(n_vocab: int, n_batch: int) -> int:
+    """A context's compute and output buffers, estimated: a batch of logits (n_batch x n_vocab floats)
+    and a little more (COMPUTE_SLACK; measured by memory.measure after the load)."""
+    return 4 * n_vocab * n_batch + COMPUTE_SLACK
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """What one model costs before its context exists: its weights (as llama.cpp allocated them), the
+    f16 KV bytes of one cell, its vocabulary (the logits buffer)."""
+
+    weights: int
+    f16_cell: int
+    n_vocab: int
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    n_ctx: int
+    kv: str                 # the KV cache type of K and V, both models ("f16", "q8_0", "q4_0")
+    budget_cells: int
+    draft: bool             # whether the draft is kept
+    needs: int              # bytes the plan is expected to take
+    changes: tuple[str, ...]  # what was changed to fit, in words (empty: nothing had to)
+
+    def describe(self, budget: int) -> str:
+        head = f"--memory-budget {human_bytes(budget)}: about {human_bytes(self.needs)}"
+        return head + (" with " + ", ".join(self.changes) if self.changes else ", nothing changed")
+
+
+def fit_budget(budget: int, *, base: int, target: ModelCost, draft: ModelCost | None, n_ctx: int, n_batch: int,
+               kv: str, budget_cells: int, draft_extra: int, draft_required: bool) -> BudgetPlan:
+    """Settings that fit `budget` bytes, changing as little as it can, in this order: the context
+    (halved down to MIN_CTX), then the KV type (q8_0, then q4_0), then the branch-cell budget (to
+    none), then the draft (dropped, unless the mode needs it). base: the process without the models;
+    draft_extra: the draft context's cells beyond n_ctx and the branch budget. Raises ValueError, one
+    line, when the target alone cannot fit at the smallest settings."""
+    kinds = list(KV_BYTES)[list(KV_BYTES).index(kv):] if kv in KV_BYTES else [kv]
+
+    def needs(ctx: int, kv_type: str, cells: int, with_draft: bool) -> int:
+        per = KV_BYTES.get(kv_type, 2.0) / 2.0
+        total = base + target.weights + int(target.f16_cell * per * ctx) + compute_bytes(target.n_vocab, n_batch)
+        if with_draft and draft is not None:
+            total += draft.weights + int(draft.f16_cell * per * (ctx + cells + draft_extra))
+            total += compute_bytes(draft.n_vocab, n_batch)
+        return total
+
+    floor = min(n_ctx, MIN_CTX)
+    ctxs = [n_ctx]
+    while ctxs[-1] // 2 >= floor:
+        ctxs.append(ctxs[-1] // 2)
+    if ctxs[-1] != floor:
+        ctxs.append(floor)
+    def ladder(cells: int, with_draft: bool) -> list[tuple[int, str, int, bool]]:  # the context, then the KV type
+        return [(c, kinds[0], cells, with_draft) for c in ctxs] + [(floor, k, cells, with_draft) for k in kinds[1:]]
+
+    steps = ladder(budget_cells, True) + [(floor, kinds[-1], 0, True)]
+    if not draft_required:  # without the draft, the largest context that then fits
+        steps += ladder(0, False)
+    for c, k, cells, with_draft in steps:
+        n = needs(c, k, cells, with_draft and draft is not None)
+        if n <= budget:
+            changes = []
+            if c != n_ctx:
+                changes.append(f"a context of {c} tokens (from {n_ctx})")
+            if k != kinds[0]:
+                changes.append(f"a {k} KV cache")
+            if cells != budget_cells and draft is not None and with_draft:
+                changes.append(f"no pre-speculation branch cells (from {budget_cells})")
+            if draft is not None and not with_draft:
+                changes.append("no draft model")
+            return BudgetPlan(c, k, cells, with_draft and draft is not None, n, tuple(changes))
+    smallest = needs(floor, kinds[-1], 0, False)
+    if draft is not None and draft_required:
+        with_draft = needs(floor, kinds[-1], 0, True)
+        raise ValueError(f"--memory-budget {human_bytes(budget)} is too small for this mode's two models: they need "
+                         f"about {human_bytes(with_draft)} at the smallest settings (the target alone "
+                         f"{human_bytes(smallest)}; --mode ar or lookup runs without the draft)")
+    raise ValueError(f"--memory-budget {human_bytes(budget)} is too small: the target alone needs about "
+                     f"{human_bytes(smallest)} (weights {human_bytes(target.weights)}, a {kinds[-1]} KV cache of "
+                     f"{floor} tokens, its compute buffer, and {human_bytes(base)} for the process)")

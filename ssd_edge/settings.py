@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from . import paths
 from .config import MODES, EngineConfig, parse_endpoints, split_threads, usable_cores
 from .errors import ConfigError
+from .memory import parse_size
 from .models.catalog import load_catalog
 from .models.derive import default_draft
 
@@ -99,6 +100,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "the backend has it)", _MEM),
     Option("mlock", ("--mlock",), bool, "lock the models' weights in RAM (never swapped out)", _MEM),
     Option("no_mmap", ("--no-mmap",), bool, "read the weights into memory instead of mapping the files", _MEM),
+    Option("memory_budget", ("--memory-budget",), str, "most memory the app may take, e.g. 3G or 800M (default: "
+           "no limit): shrinks the context, then the KV type, then the branch cells, then drops the draft, and "
+           "says what it chose; refuses when the target alone cannot fit", _MEM),
     Option("ctx_size", ("-c", "--ctx-size"), int, "context size in tokens, prompt and answer together "
            "(default 4096)", _R),
     Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
@@ -317,6 +321,11 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         threads_follow_mode=s["threads"] is None and s["threads_draft"] is None)
     if s["ctx_size"] is not None:
         raw["n_ctx"] = s["ctx_size"]
+    if s["memory_budget"] is not None:
+        try:
+            raw["memory_budget"] = parse_size(str(s["memory_budget"]))
+        except ValueError as e:
+            raise s.invalid("memory_budget", str(e)) from None
     if s["budget_cells"] is not None:
         raw["prespec"] = {"budget_cells": s["budget_cells"]}
     try:

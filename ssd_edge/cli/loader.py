@@ -32,6 +32,8 @@ def load_engine(cfg: EngineConfig, s: Settings) -> Any:
     log.debug("loading %s (mode %s, ctx %d)", describe(cfg), cfg.mode, cfg.n_ctx)
     with stderr().status(f"loading {describe(cfg)}…"):
         engine = Engine(cfg, models_dir=str(s.models_dir))
+    if engine.budget_plan is not None:
+        stderr().print(engine.budget_plan.describe(cfg.memory_budget), highlight=False)
     if not s["no_calibrate"]:
         try:
             calibrate_on_first_use(engine)

@@ -112,3 +112,26 @@ def test_memory_by_part_is_what_llama_cpp_allocated(small_pair, kv):
         stats = eng.complete("The capital of France is", max_tokens=4, mode="sd").stats
         assert {k: v for k, v in stats.memory.items() if k != "rss"} == {k: v for k, v in m.to_dict().items() if k != "rss"}
         assert "target weights" in m.describe() and "draft KV" in m.describe()
+
+
+def test_a_memory_budget_is_kept_and_a_hopeless_one_refused_in_one_line(small_pair):
+    """--memory-budget on the small pair: a budget between the target alone and the pair at a large
+    context makes the engine shrink what it must (it says what), and what llama.cpp then allocates
+    (Engine.memory: weights, KV, compute, the process) stays within it; below the target alone the
+    command refuses in one line, exit 2."""
+    with make_engine(small_pair) as eng:
+        eng.load_draft()
+        full = eng.memory().total  # the pair at the tests' context
+    budget = full - 8 * 2**20      # 8 MiB short: something must give
+    with make_engine(small_pair, n_ctx=4096, mode="auto", memory_budget=budget) as eng:
+        plan = eng.budget_plan
+        assert plan is not None and plan.changes and plan.needs <= budget
+        eng.load_draft()
+        assert eng.memory().total <= budget * 1.02, (eng.memory(), plan)  # the estimate's compute slack: 2%
+        ar = eng.complete("The capital of France is", max_tokens=8, mode="ar")
+        assert ar.tokens == eng.complete("The capital of France is", max_tokens=8).tokens
+    p = ssd_edge("generate", "hi", *pair_args(small_pair), "-n", "4", "--memory-budget", "50M")
+    err = p.stderr.decode().strip()
+    assert p.returncode == 2 and len(err.splitlines()) == 1 and "target alone needs about" in err, err
+    p = ssd_edge("generate", "hi", *pair_args(small_pair), "-n", "4", "--memory-budget", "lots")
+    assert p.returncode == 2 and "is not a size" in p.stderr.decode()
