@@ -88,11 +88,11 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
     err = stderr()
     out = sys.stdout
     tokens = engine.prompt_tokens(None if messages else text, messages)
-    log.debug("processing the prompt: %d tokens, mode %s", len(tokens), cfg.mode)
     cancel = threading.Event()
     finish: FinishEvent | None = None
     state: str | None = None
-    with CancelOnSignal(cancel) as sig:
+    with CancelOnSignal(cancel) as sig:  # (said once the handlers are in: a Ctrl-C from now on is a clean stop)
+        log.debug("processing the prompt: %d tokens, mode %s", len(tokens), cfg.mode)
         events = engine.generate(tokens=tokens, max_tokens=max_tokens, stop=stop, cancel=cancel)
         try:
             for ev in events:
