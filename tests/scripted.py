@@ -21,6 +21,7 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.errors import ContextFullError
 from ssd_edge.events import FinishEvent, LiveStats, Round, TokenEvent
 from ssd_edge.interface import ModelInfo
+from ssd_edge.memory import MemoryUse
 from ssd_edge.metrics import Meter
 
 REPLY = ("Speculative decoding lets a small draft model propose tokens that the target verifies "
@@ -175,6 +176,14 @@ class ScriptedEngine:
     @property
     def model_info(self) -> tuple[ModelInfo | None, ModelInfo | None]:
         return self.target.info(), self.draft.info() if self.draft is not None else None
+
+    def memory(self) -> MemoryUse:
+        """Fixed figures (a 0.1 GB pair at its context), so what the panel shows is stable."""
+        mib = 1 << 20
+        draft = self.draft is not None
+        return MemoryUse(target_weights=100 * mib, draft_weights=60 * mib if draft else 0, target_kv=12 * mib,
+                         draft_kv=6 * mib if draft else 0, compute=80 * mib, on_device=0, other=50 * mib,
+                         rss=240 * mib)
 
     def piece(self, token: int) -> bytes:
         return self.target.piece(token)

@@ -346,6 +346,7 @@ async def test_the_models_panel_says_what_the_devices_verify_curve_means():
         await wait_for(pilot, lambda: app.phase == "ready")
         shown = " ".join(str(app.query_one("#models").render()).split())
         assert "regime" in shown and "compute-bound" in shown
+        assert "memory 308 MiB: 100 MiB target weights · 60 MiB draft weights · 12 MiB target KV" in shown
     app = make_app(factory())
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.phase == "ready")
