@@ -98,7 +98,7 @@ class MemoryUse:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
 
     def parts(self) -> list[tuple[str, int]]:
-        """(label, bytes) of each part worth showing, largest first is not implied: the order is fixed."""
+        """(label, bytes) of each part worth showing, in a fixed order (a draft not loaded is left out)."""
         rows = [("target weights", self.target_weights), ("draft weights", self.draft_weights),
                 ("target KV", self.target_kv), ("draft KV", self.draft_kv), ("compute", self.compute),
                 ("other", self.other)]

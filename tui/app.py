@@ -341,8 +341,9 @@ class SSDEdgeApp(App[int]):
         profile = getattr(self.engine, "auto_profile", lambda: None)()  # read once, cached by the engine
         self._shown_info = self.engine.model_info
         memory = self.engine.memory() if hasattr(self.engine, "memory") else None
+        plan = getattr(self.engine, "budget_plan", None)  # --memory-budget: what it chose
         self.query_one(LivePanel).show_models(self._shown_info, self.config, regime=profile.regime() if profile else None,
-                                              memory=memory)
+                                              memory=memory, budget=plan.describe(self.config.memory_budget) if plan else None)
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.phase, self.exit_code = "failed", msg.exit_code

@@ -148,10 +148,11 @@ class LivePanel(VerticalScroll):
         yield Gauge("branch mem", id="branches")
 
     def show_models(self, info: tuple[ModelInfo | None, ModelInfo | None] | None, config: EngineConfig,
-                    status: str = "", regime: str | None = None, memory: MemoryUse | None = None) -> None:
+                    status: str = "", regime: str | None = None, memory: MemoryUse | None = None,
+                    budget: str | None = None) -> None:
         """The pair's names and, once loaded, what Engine.model_info says of each (None: not loaded);
         regime: what the device's calibrated verify curve means for speculation, in words; memory:
-        where the memory goes (Engine.memory)."""
+        where the memory goes (Engine.memory); budget: what --memory-budget chose, in words."""
         lines = Text()
         target, draft = info or (None, None)
         for role, mc, model_info in (("target", config.target, target), ("draft", config.draft, draft)):
@@ -170,6 +171,8 @@ class LivePanel(VerticalScroll):
             lines.append(f"{'regime':<7}", "bold").append(regime + "\n", "dim")
         if memory is not None:
             lines.append(f"{'memory':<7}", "bold").append(memory.describe() + "\n", "dim")
+        if budget:
+            lines.append(f"{'budget':<7}", "bold").append(budget + "\n", "dim")
         lines.rstrip()
         self.query_one("#models", Static).update(lines)
 
