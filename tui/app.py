@@ -323,6 +323,7 @@ class SSDEdgeApp(App[int]):
     def on_engine_loaded(self, msg: EngineLoaded) -> None:
         self.engine, self.phase, self.fallback = msg.engine, "ready", None
         self.config = getattr(msg.engine, "config", self.config)
+        self.sub_title = model_label(self.config)  # as loaded: --memory-budget may have dropped the draft
         self.hide_progress()
         self.show_models()
         self.query_one(LivePanel).show_settings(self.config, self.live)
