@@ -55,7 +55,7 @@ def parse_buffers(lines: Iterable[str]) -> Buffers:
             where, kind, mib = m.group(1), _KIND[m.group(2)], float(m.group(3))
             size = int(round(mib * MIB))
             out[kind] += size
-            if not where.upper().startswith("CPU") and where != "RPC_Host" and not where.endswith("_Host"):
+            if not where.upper().startswith("CPU") and not where.endswith("_Host"):
                 out["on_device"] += size  # CUDA0, Metal, RPC[host:port]...; "CUDA_Host" is pinned host memory
     return Buffers(**out)
 
@@ -96,6 +96,11 @@ class MemoryUse:
 
     def to_dict(self) -> dict[str, int]:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+
+    @classmethod
+    def of(cls, d: Mapping[str, int]) -> "MemoryUse":
+        """From to_dict()'s form (keys it derives, "total", and any others are ignored)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
     def parts(self) -> list[tuple[str, int]]:
         """(label, bytes) of each part worth showing, in a fixed order (a draft not loaded is left out)."""
@@ -186,12 +191,12 @@ def fit_budget(budget: int, *, base: int, target: ModelCost, draft: ModelCost | 
     none), then the draft (dropped, unless the mode needs it). base: the process without the models;
     draft_extra: the draft context's cells beyond n_ctx and the branch budget. Raises ValueError, one
     line, when the target alone cannot fit at the smallest settings."""
-    kinds = list(KV_BYTES)[list(KV_BYTES).index(kv):] if kv in KV_BYTES else [kv]
+    kinds = list(KV_BYTES)[list(KV_BYTES).index(kv):]  # the type asked, then the smaller ones
 
     def needs(ctx: int, kv_type: str, cells: int, with_draft: bool) -> int:
-        per = KV_BYTES.get(kv_type, 2.0) / 2.0
+        per = KV_BYTES[kv_type] / KV_BYTES["f16"]
         total = base + target.weights + int(target.f16_cell * per * ctx) + compute_bytes(target.n_vocab, n_batch)
-        if with_draft and draft is not None:
+        if with_draft:
             total += draft.weights + int(draft.f16_cell * per * (ctx + cells + draft_extra))
             total += compute_bytes(draft.n_vocab, n_batch)
         return total
@@ -209,18 +214,19 @@ def fit_budget(budget: int, *, base: int, target: ModelCost, draft: ModelCost | 
     if not draft_required:  # without the draft, the largest context that then fits
         steps += ladder(0, False)
     for c, k, cells, with_draft in steps:
-        n = needs(c, k, cells, with_draft and draft is not None)
+        with_draft = with_draft and draft is not None
+        n = needs(c, k, cells, with_draft)
         if n <= budget:
             changes = []
             if c != n_ctx:
                 changes.append(f"a context of {c} tokens (from {n_ctx})")
             if k != kinds[0]:
                 changes.append(f"a {k} KV cache")
-            if cells != budget_cells and draft is not None and with_draft:
+            if cells != budget_cells and with_draft:
                 changes.append(f"no pre-speculation branch cells (from {budget_cells})")
             if draft is not None and not with_draft:
                 changes.append("no draft model")
-            return BudgetPlan(c, k, cells, with_draft and draft is not None, n, tuple(changes))
+            return BudgetPlan(c, k, cells, with_draft, n, tuple(changes))
     smallest = needs(floor, kinds[-1], 0, False)
     if draft is not None and draft_required:
         with_draft = needs(floor, kinds[-1], 0, True)

@@ -262,7 +262,7 @@ def _print(p: prof.Profile, path, console) -> None:
     split = p.split(cores)
     console.print(f"regime: {p.regime()}")
     if p.memory:
-        mem = MemoryUse(**{k: v for k, v in p.memory.items() if k in MemoryUse.__dataclass_fields__})
+        mem = MemoryUse.of(p.memory)
         console.print(f"memory while calibrating (both models, a context of {p.memory.get('n_ctx', '?')} tokens): "
                       f"{mem.describe()}")
     console.print(f"auto on {cores} cores: " + (f"the draft beside the target, {split[0]}+{split[1]} threads (the "

@@ -84,6 +84,14 @@ MATCH_CLASSES = (4, 8, 16, 32)
 MATCH_PRIORS = (0.35, 0.5, 0.65, 0.8, 0.9)
 
 
+def _deepest_measured(rates: Sequence[Rate], i: int) -> int:
+    """Position i, or where i was never reached, the deepest position before it that was (one step
+    back per unmeasured position, while the one before is measured)."""
+    while i > 0 and rates[i].n == 0 and rates[i - 1].n > 0:
+        i -= 1
+    return i
+
+
 def match_class(match: int) -> int:
     """The class of an n-gram match of `match` tokens (an index into MATCH_PRIORS)."""
     return sum(match >= edge for edge in MATCH_CLASSES)
@@ -182,31 +190,25 @@ class Planner:
         the one before it (DEPTH_FADE): one early rejection there must not keep every later draft
         shorter than it, since a short draft never measures it again."""
         rates = self.ngram_alpha[match_class(self.ngram_match)] if kind == "ngram" else self.draft_alpha
-        i = min(i, len(rates) - 1)
-        while i > 0 and rates[i].n == 0 and rates[i - 1].n > 0:
-            i -= 1
+        i = _deepest_measured(rates, min(i, len(rates) - 1))
         if kind == "ngram":
             return rates[i].value
-        measured = rates[i].value
-        if i > 0 and self.draft_rounds > self.draft_reached[i]:
-            fresh = 0.5 ** ((self.draft_rounds - self.draft_reached[i]) / DEPTH_FADE)
-            measured = fresh * measured + (1.0 - fresh) * self._alpha_measured(i - 1)
         proxy = min(1.0, self.calibration.value * self.confidence.value)
         if rates[i].n == 0:  # the draft has not run yet: the target's confidence is all there is
             return proxy
         # Stale measurements fade into the confidence estimate: a draft written off on prose is tried
         # again when the target grows confident (code), without paying for a blind exploration.
         fresh = 0.5 ** (self.rounds_since_draft / 8.0)
-        return fresh * measured + (1.0 - fresh) * proxy
+        return fresh * self._draft_measured(i) + (1.0 - fresh) * proxy
 
-    def _alpha_measured(self, i: int) -> float:
-        """Draft position i's measured acceptance, faded by depth as in alpha() (no confidence proxy)."""
-        while i > 0 and self.draft_alpha[i].n == 0 and self.draft_alpha[i - 1].n > 0:
-            i -= 1
+    def _draft_measured(self, i: int) -> float:
+        """Draft position i's measured acceptance (i as _deepest_measured gives it), faded into position
+        i - 1's by the draft rounds since i was last reached (DEPTH_FADE)."""
         measured = self.draft_alpha[i].value
         if i > 0 and self.draft_rounds > self.draft_reached[i]:
             fresh = 0.5 ** ((self.draft_rounds - self.draft_reached[i]) / DEPTH_FADE)
-            measured = fresh * measured + (1.0 - fresh) * self._alpha_measured(i - 1)
+            before = self._draft_measured(_deepest_measured(self.draft_alpha, i - 1))
+            measured = fresh * measured + (1.0 - fresh) * before
         return measured
 
     def gains(self, kind: Kind, m: int) -> list[float]:
