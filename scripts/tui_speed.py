@@ -8,6 +8,9 @@
     # from /proc (the app's main thread), the tmux server's CPU beside it
     python scripts/tui_speed.py terminal --mode auto -n 213 --runs 2 --size 150x45 --json out/tui_tmux.json
 
+    # the same, the TUI once with its UI thread below the engine (the default) and once as the CLI's
+    python scripts/tui_speed.py terminal --mode auto --runs 2 --ui-priority idle,normal
+
 Model flags are the CLI's (-m, -md, --mode, -t, -td; the default pair when none is given). Each
 measurement carries the 1-minute load average: the machine may be shared, so compare the ratios
 measured back to back rather than absolute speeds. Writes JSON (stdout when --json is not given).
@@ -124,12 +127,14 @@ def cli_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int) -> 
             "tokens_per_s": float(m.group(2)) if m.group(2) != "—" else None}
 
 
-def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int) -> dict:
-    """`ssd-edge tui` in tmux: wait for Ready, type the prompt, wait for the reply's note in the saved chat."""
-    chats = tmp / f"chats{i}"
+def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int, priority: str) -> dict:
+    """`ssd-edge tui` in tmux, its UI thread at `priority` (tui/cores.py): wait for Ready, type the prompt,
+    wait for the reply's note in the saved chat."""
+    chats = tmp / f"chats{i}-{priority.replace(':', '')}"
     exe = shutil.which("ssd-edge") or f"{sys.executable} -m ssd_edge.cli.commands"
-    cmd = f"env {_env()} SSD_EDGE_CHATS={shlex.quote(str(chats))} {exe} tui -n {a.n} {' '.join(engine_flags(a))}"
-    name = f"tuispeed-tui{os.getpid()}-{i}"
+    cmd = (f"env {_env()} SSD_EDGE_CHATS={shlex.quote(str(chats))} SSD_EDGE_TUI_PRIORITY={shlex.quote(priority)} "
+           f"{exe} tui -n {a.n} {' '.join(engine_flags(a))}")
+    name = f"tuispeed-tui{os.getpid()}-{i}-{priority.replace(':', '')}"
     _new_session(name, size, cmd)
     try:
         pid = int(_tmux("list-panes", "-t", name, "-F", "#{pane_pid}").split()[0])
@@ -163,7 +168,7 @@ def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int) -> 
         if _session_alive(name):
             subprocess.run(["tmux", "-L", SOCKET, "kill-session", "-t", name], capture_output=True)
     per = (lambda x: 1e3 * x / tokens) if tokens else (lambda x: None)
-    return {"load_avg_1m": load, "note": note, "tokens": tokens, "tokens_per_s": rate,
+    return {"ui_priority": priority, "load_avg_1m": load, "note": note, "tokens": tokens, "tokens_per_s": rate,
             "ui_thread_cpu_ms_per_token": per(ui), "process_cpu_ms_per_token": per(proc),
             "tmux_server_cpu_ms_per_token": per(srv), "wall_s": wall, "screen_tail": screen.rstrip().splitlines()[-3:]}
 
@@ -176,17 +181,22 @@ def terminal(a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         try:
-            for i in range(a.runs):  # interleaved: CLI, TUI, CLI, TUI
+            for i in range(a.runs):  # interleaved: CLI, TUI (each priority), CLI, TUI ...
                 cli = cli_run(a, size, tmp, i)
-                ui = tui_run(a, size, tmp, i)
-                ratio = ui["tokens_per_s"] / cli["tokens_per_s"] if ui["tokens_per_s"] and cli["tokens_per_s"] else None
-                runs.append({"run": i, "cli": cli, "tui": ui, "ratio": ratio})
-                print(json.dumps(runs[-1]), file=sys.stderr)
+                for priority in a.ui_priority:
+                    ui = tui_run(a, size, tmp, i, priority)
+                    ratio = ui["tokens_per_s"] / cli["tokens_per_s"] if ui["tokens_per_s"] and cli["tokens_per_s"] else None
+                    runs.append({"run": i, "cli": cli, "tui": ui, "ratio": ratio})
+                    print(json.dumps({**runs[-1], "tui": {k: v for k, v in ui.items() if k != "screen_tail"}}),
+                          file=sys.stderr)
         finally:
             subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
-    ratios = [r["ratio"] for r in runs if r["ratio"]]
+    medians = {}
+    for priority in a.ui_priority:
+        ratios = [r["ratio"] for r in runs if r["ratio"] and r["tui"]["ui_priority"] == priority]
+        medians[priority] = statistics.median(ratios) if ratios else None
     return {"prompt": a.prompt, "max_tokens": a.n, "mode": a.mode, "size": list(size), "cpus": os.cpu_count(),
-            "runs": runs, "median_ratio": statistics.median(ratios) if ratios else None}
+            "runs": runs, "median_ratio": medians[a.ui_priority[0]], "median_ratio_by_ui_priority": medians}
 
 
 def main() -> None:
@@ -205,6 +215,9 @@ def main() -> None:
     p.add_argument("--no-breakdown", action="store_true", help="pilot: do not wrap the UI's methods with timers")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a load or a reply")
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--ui-priority", type=lambda s: s.split(","), default=["idle"],
+                   help="terminal: the TUI's UI thread priority, comma-separated to compare (idle, nice:N, normal; "
+                        "tui/cores.py; default idle, the app's own)")
     a = p.parse_args()
     if a.n < 1 or a.runs < 1 or len(a.size) != 2:
         p.error("-n and --runs must be at least 1, --size is WxH")

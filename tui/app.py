@@ -39,6 +39,7 @@ from ssd_edge.models.catalog import load_catalog
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
+from .cores import EngineThread, lower_this_thread
 from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .keys import KEYS
 from .live import LiveModel, finish_note
@@ -85,8 +86,13 @@ class SSDEdgeApp(App[int]):
 
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None,
                  engine_factory: EngineFactory = default_engine_factory, clock: Callable[[], float] = time.time,
-                 pull: Callable[..., Any] = catalog.pull, max_tokens: int = 512) -> None:
+                 pull: Callable[..., Any] = catalog.pull, max_tokens: int = 512,
+                 engine_thread: EngineThread | None = None) -> None:
         super().__init__()
+        # the engine is built and generates on this thread alone (tui/cores.py: run_app starts it at
+        # the process's priority, then lowers the UI thread below it)
+        self.engine_thread = engine_thread or EngineThread()
+        self._owns_engine_thread = engine_thread is None
         self.config, self.models_dir = config, models_dir
         self.engine_factory, self.clock, self.pull = engine_factory, clock, pull
         self.max_tokens = max_tokens
@@ -149,6 +155,8 @@ class SSDEdgeApp(App[int]):
 
     def on_unmount(self) -> None:
         logging.getLogger("ssd_edge").removeHandler(self._notices)
+        if self._owns_engine_thread:
+            self.engine_thread.close()
 
     def on_log_notice(self, msg: LogNotice) -> None:
         self.notify(msg.text, severity="error" if msg.error else "warning", timeout=8)
@@ -208,7 +216,8 @@ class SSDEdgeApp(App[int]):
         self.cancel = threading.Event()
         self.outbox = Outbox(lambda: self.post_message(StreamWake()))
         self._frame_interval, self._panel_interval = draw_intervals(self.config)
-        body = partial(run_generation, self.engine, messages, self.max_tokens, self.cancel, self.outbox)
+        body = partial(self.engine_thread.call,
+                       partial(run_generation, self.engine, messages, self.max_tokens, self.cancel, self.outbox))
         self.jobs["generate"] = self.run_worker(body, thread=True, group="generate", exit_on_error=False)
 
     def show_chat_title(self) -> None:
@@ -314,7 +323,8 @@ class SSDEdgeApp(App[int]):
                 old_engine.close()
             load_engine(self.engine_factory, config, self.models_dir, self.post_message)
 
-        self.jobs["load"] = self.run_worker(body, thread=True, group="engine", exit_on_error=False)
+        self.jobs["load"] = self.run_worker(partial(self.engine_thread.call, body), thread=True, group="engine",
+                                            exit_on_error=False)
 
     def _tick(self) -> None:
         if self.phase == "loading":
@@ -553,11 +563,15 @@ def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool
     """Run the TUI until the user quits; returns the process exit code. calibrate: measure the
     device the first time mode auto meets the model pair (see calibrating_engine_factory);
     max_tokens: the most tokens a reply may have (-n; the settings dialog changes it)."""
-    app = SSDEdgeApp(config, models_dir=models_dir, max_tokens=max_tokens,
+    engine_thread = EngineThread()  # at this process's priority, before the UI thread lowers its own
+    lowered = lower_this_thread()
+    app = SSDEdgeApp(config, models_dir=models_dir, max_tokens=max_tokens, engine_thread=engine_thread,
                      engine_factory=calibrating_engine_factory if calibrate else default_engine_factory)
     with logs_to_file():
+        logging.getLogger(__name__).info("UI thread priority: %s", lowered or "unchanged")
         try:
             app.run()
         finally:
             app.close_engine()
+            engine_thread.close()
     return app.return_code or 0

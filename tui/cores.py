@@ -1,0 +1,78 @@
+"""Leave the model its cores: the engine's work on one thread of its own, the UI's below it.
+
+On a CPU-only device llama.cpp decodes with a thread per core, and its threads meet at a barrier
+after every operation of the graph: a millisecond the UI thread takes from any of those cores
+delays the whole decode by about that much (issue 24: on 2 cores the TUI decoded at 0.87-0.97x the
+CLI's speed with the UI thread spending 2-4 ms of CPU per token). So the TUI's process runs its UI
+below the engine: the UI thread lowers its own scheduling priority (Linux's SCHED_IDLE, else the
+lowest nice value) and then draws in the gaps the engine leaves, between and around its decodes,
+instead of in the middle of them.
+
+A thread inherits its creator's priority, and an unprivileged thread can lower its priority but
+never raise it again. So everything that runs llama.cpp (building the engine, calibrating it,
+generating, and every thread those start: llama.cpp's OpenMP team, the pre-speculation worker)
+runs on one `EngineThread`, started before the UI thread lowers itself; the app's worker threads
+only wait on it. Closing the engine needs no priority and runs wherever it is asked.
+
+Only `run_app` (the real terminal) lowers the UI thread: the app driven in process (Textual's
+Pilot, the tests, scripts/tui_speed.py pilot) keeps its caller's priority, so nothing outside the
+TUI ever inherits it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class EngineThread:
+    """One thread, started now (at its creator's priority), that runs the engine's work in turn."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssd-edge-engine")
+        self._pool.submit(lambda: None).result()  # the thread exists from here on, at today's priority
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run fn on the engine thread; wait for it and return its result (or raise its exception)."""
+        return self._pool.submit(fn).result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+PRIORITY_ENV = "SSD_EDGE_TUI_PRIORITY"  # idle (the default), nice:N (1-19), or normal
+
+
+def lower_this_thread(how: str | None = None) -> str | None:
+    """Put the calling thread below the engine's: `idle` is Linux's SCHED_IDLE (it runs when a core
+    would otherwise idle), falling back to nice 19; `nice:N` a nice value; `normal` leaves it as it
+    is. Default: $SSD_EDGE_TUI_PRIORITY, else idle. Only where the OS has per-thread priorities
+    (Linux); elsewhere they would lower the whole process, the engine with it. Returns what it did."""
+    how = (how or os.environ.get(PRIORITY_ENV) or "idle").strip().lower()
+    if how == "normal" or not sys.platform.startswith("linux"):
+        return None
+    if how == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return "SCHED_IDLE"
+        except (AttributeError, OSError) as e:
+            log.debug("SCHED_IDLE refused (%s): trying nice 19", e)
+            how = "nice:19"
+    try:
+        nice = int(how.removeprefix("nice:"))
+    except ValueError:
+        log.warning("%s=%r is not idle, nice:N or normal: the UI thread's priority stays as it is", PRIORITY_ENV, how)
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, max(0, min(19, nice)))  # Linux: the calling thread alone
+        return f"nice {max(0, min(19, nice))}"
+    except OSError as e:
+        log.info("the UI thread's priority stays as it is: %s", e)
+        return None
