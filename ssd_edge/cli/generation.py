@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import threading
 from importlib.metadata import entry_points
@@ -115,8 +116,8 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
     else:
         if finish.tail:
             out.write(finish.tail)
-        if out.isatty() and not finish.text.endswith("\n"):
-            out.write("\n")
+        if not finish.text.endswith("\n") and (out.isatty() or same_file(out, sys.stderr)):
+            out.write("\n")  # the stats line below starts a line of its own (a pipe gets the text exactly)
     out.flush()
     if not quiet:
         err.print(stats_line(finish.stats, state), soft_wrap=True)
@@ -127,6 +128,15 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
         err.print(f"[yellow]stopped:[/] {escape(finish.message or 'the context is full')} (raise -c/--ctx-size)")
         return EXIT_CONTEXT_FULL
     return 0
+
+
+def same_file(a: Any, b: Any) -> bool:
+    """Whether two streams write to one file (`> out.txt 2>&1`): the text and the stats line meet there."""
+    try:
+        sa, sb = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (AttributeError, OSError, ValueError):  # not a real file (a test's StringIO)
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 @app.command(epilog=EPILOG)

@@ -684,3 +684,19 @@ def test_models_dir_from_the_environment(index, tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_EDGE_MODELS", str(tmp_path / "env-models"))
     code, out, _ = run(["models", "pull", "tiny-b"])
     assert code == 0 and (tmp_path / "env-models" / "tiny-b.gguf").exists()
+
+
+def test_same_file_tells_one_file_from_two(tmp_path):
+    """`generate > out.txt 2>&1`: the text gets a final newline there so the stats line starts its own."""
+    import io
+
+    from ssd_edge.cli.generation import same_file
+
+    with open(tmp_path / "both", "w") as a, open(tmp_path / "other", "w") as c:
+        b = os.fdopen(os.dup(a.fileno()), "w")
+        try:
+            assert same_file(a, b)
+            assert not same_file(a, c)
+            assert not same_file(a, io.StringIO())
+        finally:
+            b.close()
