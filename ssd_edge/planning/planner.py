@@ -53,7 +53,7 @@ from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from ..speculation.drafters import Draft, NgramDrafter
+from ..speculation.drafters import Draft, GoOn, NgramDrafter
 from .costs import Costs, Rate, describe_regime
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ EXPLORE_K = 3
 EXPLORE_FIRST = 8
 EXPLORE_MOST = 64
 DEPTH_FADE = 4.0     # draft rounds over which a position not reached fades halfway into the one before
+CONFIDENCE_FADE = 16.0  # rounds without a draft over which the confidence proxy's calibration fades halfway to 1
 # n-gram matches by length (tokens the two passages agree over): shorter than 4, 4-7, 8-15, 16-31,
 # 32 and more, and each class's acceptance prior, until measured
 MATCH_CLASSES = (4, 8, 16, 32)
@@ -163,6 +164,8 @@ class Planner:
         self.ngram_match = 0  # the match length of this round's n-gram proposal
         self.confidence = Rate(draft_prior, weight=1.0, keep=0.9)  # target's top-1 prob. of committed tokens
         self.calibration = Rate(1.0, weight=2.0, keep=0.98)       # accepted draft tokens per unit confidence
+        self.draft_sureness = Rate(1.0, weight=2.0, keep=0.95)    # P(accepted | reached) / the draft's own top probability
+        self._p_tops: list[float] | None = None                    # the draft's top probabilities in the draft go_on runs
         self.rounds_since_draft = 0
         self.draft_rounds = 0                                      # rounds the draft model drafted
         self.draft_reached = [0] * draft_cap                       # ... counted when each position was last reached
@@ -193,7 +196,11 @@ class Planner:
         i = _deepest_measured(rates, min(i, len(rates) - 1))
         if kind == "ngram":
             return rates[i].value
-        proxy = min(1.0, self.calibration.value * self.confidence.value)
+        # the calibration of that proxy was learnt in the rounds the draft ran, and fades back to 1 while it
+        # does not (CONFIDENCE_FADE): a draft that did badly on an answer's opening is tried again once
+        # the target grows sure (its code), instead of being held off by those first rounds for good
+        fade = 0.5 ** (self.rounds_since_draft / CONFIDENCE_FADE)
+        proxy = min(1.0, (1.0 + (self.calibration.value - 1.0) * fade) * self.confidence.value)
         if rates[i].n == 0:  # the draft has not run yet: the target's confidence is all there is
             return proxy
         # Stale measurements fade into the confidence estimate: a draft written off on prose is tried
@@ -307,6 +314,37 @@ class Planner:
         log.debug("plan: %s", d.describe())
         return d
 
+    def go_on(self, d: Decision) -> GoOn | None:
+        """How long a draft drafted now runs, in a planned mode: the plan chose to draft (and an
+        estimated length d.m, from per-position averages); the draft's own confidence then says, token
+        by token, how far this one is worth going, up to the cap. With token j's row computed, the
+        token is drawn while what it adds, P(tokens 0..j accepted), at what it adds to the verify,
+        beats the plan's rate; the draft then steps on to token j + 1 (a draft step more) while the
+        same holds for it, guessed as sure as token j. So a confident draft runs long and an unsure one
+        stops where its next token would not pay. The draft's probabilities are scaled by how they have
+        predicted its acceptance so far (draft_sureness, token by token: a draft model can be over- or
+        under-sure). Asked before each token is drawn, from what the draft knew then (lossless: the
+        length never depends on a token drawn after it). None: the fixed modes and probes draft d.m."""
+        self._p_tops = None
+        if not self.menu.planned or d.kind != "draft" or d.rate <= 0:
+            return None
+        verify, step, least = self.costs.target.ms, self.costs.draft.ms(1), max(1, self.k_min)
+        grows = lambda j: max(verify(j + 2) - verify(j + 1), 1e-3)  # noqa: E731 - ms token j adds to the verify
+        sure = self.draft_sureness.value
+        reach = 1.0  # P(every token drafted so far is accepted)
+        p_tops = self._p_tops = []
+
+        def go_on(j: int, p_top: float) -> tuple[bool, bool]:
+            nonlocal reach
+            p = min(1.0, p_top * sure)
+            if j >= least and reach * p / grows(j) < d.rate:  # (its row is computed: only its verify counts)
+                return False, False
+            reach *= p
+            p_tops.append(p_top)
+            return True, j + 1 < least or reach * p / (step + grows(j + 1)) >= d.rate
+
+        return go_on
+
     def worker_runs(self, verifying: int) -> bool:
         """Should the worker prepare the next round while the target verifies `verifying` tokens?"""
         runs = self._worker_runs(verifying)
@@ -376,6 +414,9 @@ class Planner:
             reached = list(committed_top1[:min(drafted, accepted + 1)])
             if reached:
                 self.calibration.add(accepted, sum(reached))
+            if kind == "draft" and self._p_tops:  # each token reached: accepted, against its probability
+                for i, p_top in enumerate(self._p_tops[:min(drafted, accepted + 1)]):
+                    self.draft_sureness.add(1.0 if i < accepted else 0.0, p_top)
         else:
             self.rounds_since_draft += 1
         if kind == "ngram" and drafted and self.shadow is None:
@@ -425,6 +466,7 @@ class Planner:
                 "prepared_hit_rate": round(self.hit_rate(), 3),
                 "upside": round(self.upside(), 3),
                 "probes": self.probes,
+                "draft_sureness": round(self.draft_sureness.value, 3),
                 "rounds": [list(x) for x in self.log]}
 
 

@@ -105,7 +105,7 @@ class Rounds:
             prepared=len(looked.draft) if hit else None, prepared_done=hit and looked.finished))
         if status is not None:  # the worker prepared this round: did the plan use it?
             self.planner.observe_lookup(d.kind == "prepared")
-        draft = verifiable(self._make(d, history, ngram, looked), self.k_min)
+        draft = verifiable(self._make(d, history, ngram, looked, room), self.k_min)
         return Proposal(draft, draft.speculator if len(draft) else "none", status)
 
     def _lookup(self, history: list[int], room: int) -> LookupResult | None:
@@ -117,7 +117,8 @@ class Rounds:
             self.policy.observe_lookup(looked.status, acceptance)  # the window and rollback follow the hit rate
         return looked
 
-    def _make(self, d: Decision, history: list[int], ngram: Draft, looked: LookupResult | None) -> Draft:
+    def _make(self, d: Decision, history: list[int], ngram: Draft, looked: LookupResult | None,
+              room: int) -> Draft:
         if d.kind == "ngram":
             return ngram.head(d.m)
         if d.kind == "prepared":
@@ -125,11 +126,13 @@ class Rounds:
             if looked.finished or d.m <= len(looked.draft):  # a finished branch verifies min(m, its length)
                 return looked.draft.head(d.m)
             return self.worker.extend(history, d.m)
-        if d.kind == "draft":
+        if d.kind == "draft":  # planned: as long as the draft's confidence pays for, up to the cap
+            go_on = self.planner.go_on(d)
+            m = d.m if go_on is None else max(d.m, min(self.planner.caps["draft"], room))
             if self.worker is not None:
-                return self.worker.draft_now(history, d.m)
+                return self.worker.draft_now(history, m, go_on)
             assert self.drafter is not None
-            return self.drafter.propose(history, d.m, self.cancelled)
+            return self.drafter.propose(history, m, self.cancelled, go_on)
         return EMPTY
 
     def verifying(self, history: list[int], draft: Draft) -> None:
@@ -238,11 +241,12 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
                       draft_prior=profile.acceptance.alpha if profile is not None else 0.7)
     p = cfg.prespec
     drafter = None
-    if draft_kv is not None and "draft" in menu.kinds:
+    drafts = draft_kv is not None and "draft" in menu.kinds
+    runs_worker = drafts and (menu.worker == "always" or (menu.worker == "earned" and beside)) and p.budget_cells != 0
+    if drafts:  # (a draft's candidates are for the worker's outcome ranking alone)
         drafter = ModelDrafter(draft_kv, sampling, seed, cfg.spec.p_min, meter.draft_busy,
-                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0)
-    runs_worker = drafter is not None and (menu.worker == "always" or (menu.worker == "earned" and beside))
-    if not runs_worker or p.budget_cells == 0:
+                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0, candidates=runs_worker)
+    if not runs_worker:
         return Rounds(mode, planner, cfg.spec.k_min, sampling, drafter, cancelled=cancelled)
     from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
     from ..speculation.prespec import PrespecWorker

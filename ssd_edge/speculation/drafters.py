@@ -61,6 +61,11 @@ def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> 
 
 EMPTY = Draft((), "none")
 
+# A draft's length rule (planning/planner.py: Planner.go_on): called before draft token j is drawn,
+# with j and the draft's probability of its likeliest token there; returns (draw token j, then step on
+# to token j + 1).
+GoOn = Callable[[int, float], "tuple[bool, bool]"]
+
 
 MATCH_CAP = 64  # most history tokens an n-gram match is measured back over
 
@@ -121,6 +126,13 @@ def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, sag
     return reshape_saguaro(probs(logits, s), saguaro_top, saguaro_factor)
 
 
+def top_probability(logits: np.ndarray, temperature: float = 1.0) -> float:
+    """The probability of the likeliest token at `temperature` (float32: ~0.2 ms over 152k logits,
+    where top_candidates' float64 takes 3)."""
+    z = logits * np.float32(1.0 / max(temperature, 1e-3))
+    return float(1.0 / np.exp(z - z.max()).sum(dtype=np.float64))
+
+
 def confidence(logits: np.ndarray) -> float:
     """The draft's top probability at temperature 1 (for --draft-p-min)."""
     z = logits.astype(np.float64)
@@ -139,7 +151,8 @@ class ModelDrafter:
     name = "draft"
 
     def __init__(self, kv: KVSeq, sampling: SamplingConfig, seed: int, p_min: float = 0.0,
-                 busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0) -> None:
+                 busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0,
+                 candidates: bool = True) -> None:
         self.ctx = kv.ctx
         self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
@@ -147,6 +160,10 @@ class ModelDrafter:
         self.p_min = p_min
         self.busy = busy or BusyClock()
         self.saguaro = (saguaro_top, saguaro_factor)
+        # each drafted token's top candidates (Draft.cands), for SSD's outcome ranking: 3 ms a token over
+        # a 152k vocabulary (a fifth of a draft step here), so kept only where a pre-speculation worker
+        # ranks outcomes; without, a draft carries none
+        self.candidates = candidates
         # the last extend(): (history tokens it had not read, ms reading them with the first row,
         # single draft steps after that, their ms); for the round planner's draft costs
         self.timing: tuple[int, float, int, float] | None = None
@@ -156,10 +173,11 @@ class ModelDrafter:
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return int(np.argmax(logits)) if q is None else gumbel_pick(q, self.seed, position)
 
-    def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None) -> Draft:
+    def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None,
+                go_on: GoOn | None = None) -> Draft:
         t0 = time.perf_counter()
         try:
-            return self.extend(history, k=k, cancelled=cancelled)
+            return self.extend(history, k=k, cancelled=cancelled, go_on=go_on)
         finally:
             self.busy.add(time.perf_counter() - t0)
 
@@ -167,8 +185,11 @@ class ModelDrafter:
         return 1.0 if self.sampling.greedy else self.sampling.temperature
 
     def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
-               k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft") -> Draft:
-        """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens."""
+               k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft",
+               go_on: GoOn | None = None) -> Draft:
+        """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens,
+        or until `go_on` (asked before each token is drawn, with the draft's probability of its likeliest
+        token there) says that token, or the step to the next, is not worth it."""
         toks, cands = list(tokens), list(cands)
         full = list(history) + toks
         unread = max(0, len(full) - common_prefix(self.kv.tokens, full) - 1)
@@ -179,12 +200,20 @@ class ModelDrafter:
         while len(toks) < k:
             if self.p_min > 0 and confidence(row) < self.p_min:
                 break
+            cand = top_candidates(row, self.cand_temperature()) if self.candidates else None
+            more = True
+            if go_on is not None:
+                p_top = float(cand.probs[0]) if cand is not None else top_probability(row, self.cand_temperature())
+                take, more = go_on(len(toks), p_top)
+                if not take:
+                    break  # decided before the token is drawn: what is verified never depends on what is drawn
             t = self.pick(row, len(self.kv.tokens))
             toks.append(t)
-            cands.append(top_candidates(row, self.cand_temperature()))
-            if len(toks) == k:
+            if cand is not None:
+                cands.append(cand)
+            if len(toks) == k or not more:
                 break
             row = self.kv.step(t)
             steps += 1
         self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
-        return Draft(tuple(toks), speculator, tuple(cands))
+        return Draft(tuple(toks), speculator, tuple(cands) if self.candidates else None)

@@ -92,3 +92,27 @@ def test_model_drafter_sampled_draws_and_p_min(draft_model):
         strict.ctx.close()
     finally:
         ctx.close()
+
+
+@pytest.mark.real
+def test_model_drafter_asks_go_on_before_each_token_with_the_top_probability(draft_model):
+    """The planned length rule (Planner.go_on) is asked before token j is drawn, with the draft's
+    probability of its likeliest token at j: a draft it stops is the head of the one it lets run."""
+    from ssd_edge.llama.backend import Context
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
+
+    history = draft_model.tokenize("def add(a, b):\n    return")
+    ctx = Context(draft_model, 512, 512, 1)
+    try:
+        drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), 0)
+        asked: list[tuple[int, float]] = []
+        full = drafter.propose(history, 6, go_on=lambda j, p: asked.append((j, p)) or (True, True))
+        assert [j for j, _ in asked] == list(range(6))
+        assert [p for _, p in asked] == pytest.approx([float(c.probs[0]) for c in full.cands])
+        cut = drafter.propose(history, 6, go_on=lambda j, p: (j < 2, True))
+        assert cut.tokens == full.tokens[:2] and len(cut.cands) == 2
+        stopped = drafter.propose(history, 6, go_on=lambda j, p: (True, j < 2))  # no step after token 2
+        assert stopped.tokens == full.tokens[:3]
+    finally:
+        ctx.close()

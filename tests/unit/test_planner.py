@@ -310,6 +310,28 @@ def test_a_stale_draft_estimate_fades_into_the_targets_confidence():
     assert p.plan(Offer(3, draft=True)).kind == "draft"
 
 
+def test_a_draft_that_did_badly_while_the_target_was_sure_is_tried_again_once_that_is_forgotten():
+    """code-binsearch, BF16 stand-in: the answer's opening rejected drafts the target was sure of, so
+    the confidence proxy learnt a low calibration (accepted per unit confidence); without the draft
+    running nothing re-learns it, and plain steps ran 50 of 58 rounds where sd was 1.4x ar. The
+    calibration fades back to 1 over plain rounds (CONFIDENCE_FADE), so a sure target brings the
+    draft back; on a stretch the target is unsure of, it stays off."""
+    from ssd_edge.planning.planner import CONFIDENCE_FADE
+
+    p = planner(cap=8, draft_ms=15.0, curve=FLAT, draft_prior=0.7)
+    p.explore_wait = 10**6  # no probes: this is the proxy alone
+    teach_draft(p, 0.3, rounds=12, confidence=0.95)
+    assert p.calibration.value < 0.8 and p.plan(Offer(8, draft=True)).kind == "plain"
+    unsure = planner(cap=8, draft_ms=15.0, curve=FLAT, draft_prior=0.7)
+    unsure.explore_wait = 10**6
+    teach_draft(unsure, 0.3, rounds=12, confidence=0.95)
+    for _ in range(int(3 * CONFIDENCE_FADE)):
+        p.observe("plain", 0, 0, p.costs.target.ms(1), [0.95])
+        unsure.observe("plain", 0, 0, unsure.costs.target.ms(1), [0.3])
+    assert p.plan(Offer(8, draft=True)).kind == "draft"
+    assert unsure.plan(Offer(8, draft=True)).kind == "plain"
+
+
 def test_the_prompts_round_is_a_plain_step_and_its_time_is_not_a_step():
     p = Planner(MENUS["auto"], Costs(CPU_CURVE, draft_step_ms=44.0), draft_cap=3, ngram_cap=3)
     assert p.plan(Offer(3, draft=True, ngram=3)).kind == "plain"
@@ -485,3 +507,47 @@ def test_a_deep_position_rejected_early_does_not_cap_every_later_draft():
         p.observe("draft", d.m, d.m, p.costs.target.ms(d.m + 1), [0.95] * (d.m + 1))
     assert lengths[0] == 1 and max(lengths[-4:]) >= 2, lengths
     assert p.alpha("draft", 1) > 0.6
+
+
+def drafted_length(p: Planner, confidences: list[float], cap: int) -> int:
+    """How many tokens a planned draft runs to when the draft's top probability is confidences[j]
+    at token j (Planner.go_on, asked as ModelDrafter.extend asks it)."""
+    d = p.plan(Offer(room=16, draft=True))
+    assert d.kind == "draft"
+    go_on = p.go_on(d)
+    n = 0
+    while n < cap:
+        take, more = go_on(n, confidences[n])
+        n += take
+        if not (take and more):
+            break
+    return n
+
+
+def test_a_confident_draft_runs_to_the_cap_and_an_unsure_one_stops_where_it_stops_paying():
+    p = planner(cap=8, draft_ms=15.0, curve=FLAT)
+    teach_draft(p, 0.8)
+    assert drafted_length(p, [0.99] * 8, 8) == 8                       # flat curve, sure draft: all of it
+    assert drafted_length(p, [0.99, 0.99, 0.2, 0.99, 0.99, 0.99, 0.99, 0.99], 8) == 2  # stops before the unsure token
+    assert drafted_length(p, [0.05] * 8, 8) == 1                       # the plan drafts: at least one token
+
+
+def test_go_on_follows_the_verify_curve_and_leaves_fixed_modes_and_probes_alone():
+    conf = [0.85] * 8
+    medium = [100.0 * (1 + 0.4 * i) for i in range(17)]  # each verified token 0.4 of a step: drafts pay, less
+    flat, steeper = planner(cap=8, draft_ms=15.0, curve=FLAT), planner(cap=8, draft_ms=15.0, curve=medium)
+    for p in (flat, steeper):
+        teach_draft(p, 0.95)
+    # where each verified token costs more, the same draft stops sooner
+    assert 1 <= drafted_length(steeper, conf, 8) < drafted_length(flat, conf, 8)
+    sd = planner(cap=3, menu="sd")
+    assert sd.go_on(sd.plan(Offer(room=16, draft=True))) is None       # sd drafts its k, as llama.cpp does
+    p = planner(cap=8, curve=FLAT)
+    from ssd_edge.planning.planner import Decision
+    assert p.go_on(Decision("draft", 3, 0.0)) is None                  # a probe (rate 0) drafts its length
+
+
+def test_k_min_tokens_are_drafted_before_the_rule_may_stop():
+    p = planner(cap=8, draft_ms=15.0, curve=FLAT, k_min=3)
+    teach_draft(p, 0.8)
+    assert drafted_length(p, [0.01] * 8, 8) == 3
