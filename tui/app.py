@@ -39,7 +39,7 @@ from ssd_edge.models.catalog import load_catalog
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
-from .cores import EngineThread, lower_this_thread
+from .cores import EngineThread, yield_to_the_engine
 from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .keys import KEYS
 from .live import LiveModel, finish_note
@@ -564,11 +564,11 @@ def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool
     device the first time mode auto meets the model pair (see calibrating_engine_factory);
     max_tokens: the most tokens a reply may have (-n; the settings dialog changes it)."""
     engine_thread = EngineThread()  # at this process's priority, before the UI thread lowers its own
-    lowered = lower_this_thread()
+    lowered = yield_to_the_engine()
     app = SSDEdgeApp(config, models_dir=models_dir, max_tokens=max_tokens, engine_thread=engine_thread,
                      engine_factory=calibrating_engine_factory if calibrate else default_engine_factory)
     with logs_to_file():
-        logging.getLogger(__name__).info("UI thread priority: %s", lowered or "unchanged")
+        logging.getLogger(__name__).info("leaving the model its cores: %s", lowered)
         try:
             app.run()
         finally:

@@ -8,6 +8,12 @@ below the engine: the UI thread lowers its own scheduling priority (Linux's SCHE
 lowest nice value) and then draws in the gaps the engine leaves, between and around its decodes,
 instead of in the middle of them.
 
+The engine's own Python work (sampling, planning, the pre-speculation worker's ranking) runs between
+its decodes and needs the interpreter's lock; a UI thread holding it keeps them waiting up to the
+switch interval (5 ms by default) before the lock changes hands. The TUI's process therefore switches
+every SWITCH_INTERVAL_S instead (ssd on 2 cores, in tmux, TUI/CLI: 0.97, 1.01, 0.99, 0.95 against 0.96,
+0.94, 0.94, 0.91, 1.06, 0.87 at 5 ms: scripts/tui_speed.py terminal --mode ssd).
+
 A thread inherits its creator's priority, and an unprivileged thread can lower its priority but
 never raise it again. So everything that runs llama.cpp (building the engine, calibrating it,
 generating, and every thread those start: llama.cpp's OpenMP team, the pre-speculation worker)
@@ -45,6 +51,17 @@ class EngineThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+SWITCH_INTERVAL_S = 0.0005  # the interpreter lock's switch interval in the TUI's process (Python's default: 0.005)
+
+
+def yield_to_the_engine() -> str:
+    """What run_app does before the app starts, on the UI thread: lower it (lower_this_thread) and
+    shorten the lock's switch interval. Returns what it did, for the log."""
+    lowered = lower_this_thread()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    return f"UI thread {lowered or 'at its priority'}, switch interval {SWITCH_INTERVAL_S * 1e3:g} ms"
 
 
 PRIORITY_ENV = "SSD_EDGE_TUI_PRIORITY"  # idle (the default), nice:N (1-19), or normal

@@ -92,3 +92,15 @@ def test_engine_thread_returns_results_and_raises_errors_where_called():
             engine.call(lambda: 1 / 0)
     finally:
         engine.close()
+
+
+def test_yield_to_the_engine_lowers_the_ui_thread_and_shortens_the_switch_interval():
+    from tui.cores import SWITCH_INTERVAL_S, yield_to_the_engine
+
+    before = sys.getswitchinterval()
+    try:
+        said = in_thread(yield_to_the_engine)
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+        assert said.startswith("UI thread SCHED_IDLE") or said.startswith("UI thread nice 19")
+    finally:
+        sys.setswitchinterval(before)
