@@ -2,9 +2,11 @@
 
     run_app(EngineConfig.build(target=dict(path="qwen2.5-coder-1.5b"), ...))
 
-Threads: the engine is built, models are pulled and replies are generated in
-worker threads; they only post messages (tui/messages.py) or fill an Outbox
-(tui/stream.py). Every widget is touched from the UI thread alone.
+Threads: the engine is built and replies are generated on one engine thread
+(tui/cores.py: run_app starts it before lowering the UI thread's priority, so
+llama.cpp keeps the cores), which the app's worker threads wait on; models are
+pulled in a worker thread. They only post messages (tui/messages.py) or fill an
+Outbox (tui/stream.py). Every widget is touched from the UI thread alone.
 
 A streaming reply is drawn in frames, at most one per frame interval (draw_intervals()):
 a frame drains the outbox and redraws only what changed (the reply's open line

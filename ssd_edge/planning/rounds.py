@@ -128,7 +128,7 @@ class Rounds:
             return self.worker.extend(history, d.m)
         if d.kind == "draft":  # planned: as long as the draft's confidence pays for, up to the cap
             go_on = self.planner.go_on(d)
-            m = d.m if go_on is None else max(d.m, min(self.planner.caps["draft"], room))
+            m = d.m if go_on is None else min(self.planner.caps["draft"], room)
             if self.worker is not None:
                 return self.worker.draft_now(history, m, go_on)
             assert self.drafter is not None
