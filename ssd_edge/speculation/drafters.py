@@ -127,17 +127,11 @@ def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, sag
 
 
 def top_probability(logits: np.ndarray, temperature: float = 1.0) -> float:
-    """The probability of the likeliest token at `temperature` (float32: ~0.2 ms over 152k logits,
-    where top_candidates' float64 takes 3)."""
+    """The probability of the likeliest token at `temperature` (--draft-p-min reads it at 1, the planned
+    draft length at the drafting temperature); float32: ~0.2 ms over 152k logits, where float64 took 1.7
+    and top_candidates takes 3."""
     z = logits * np.float32(1.0 / max(temperature, 1e-3))
     return float(1.0 / np.exp(z - z.max()).sum(dtype=np.float64))
-
-
-def confidence(logits: np.ndarray) -> float:
-    """The draft's top probability at temperature 1 (for --draft-p-min)."""
-    z = logits.astype(np.float64)
-    z = np.exp(z - z.max())
-    return float(z.max() / z.sum())
 
 
 class ModelDrafter:
@@ -198,7 +192,7 @@ class ModelDrafter:
         t1 = time.perf_counter()
         steps = 0
         while len(toks) < k:
-            if self.p_min > 0 and confidence(row) < self.p_min:
+            if self.p_min > 0 and top_probability(row) < self.p_min:
                 break
             cand = top_candidates(row, self.cand_temperature()) if self.candidates else None
             more = True

@@ -8,7 +8,7 @@ import pytest
 
 from ssd_edge.config import SamplingConfig
 from ssd_edge.sampling import probs
-from ssd_edge.speculation.drafters import EMPTY, NgramDrafter, confidence, draft_probs, top_candidates
+from ssd_edge.speculation.drafters import EMPTY, NgramDrafter, draft_probs, top_candidates, top_probability
 
 # ---------------------------------------------------------------- n-gram lookup
 
@@ -117,6 +117,6 @@ def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
     assert abs(r.sum() - 1) < 1e-12 and set(np.flatnonzero(r)) == set(np.flatnonzero(probs(z, s)))
 
 
-def test_confidence_is_the_top_probability():
-    assert confidence(np.array([0.0, 0.0])) == pytest.approx(0.5)
-    assert confidence(np.array([10.0, 0.0, 0.0])) > 0.99
+def test_top_probability_is_the_likeliest_tokens_probability():
+    assert top_probability(np.array([0.0, 0.0])) == pytest.approx(0.5)
+    assert top_probability(np.array([10.0, 0.0, 0.0])) > 0.99
