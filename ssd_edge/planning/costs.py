@@ -58,11 +58,18 @@ class Curve:
 
     With the device's curve (the profile): the curve times one scale, a running mean of observed /
     curve over every decode timed within it, whatever its size, so a size no longer chosen is still
-    re-priced by the others. Beyond the curve, and without one: a running mean per size timed, and
-    for sizes not yet timed a line through the nearest timed ones, beyond them the slope of the two
-    largest (before two are timed, the prior's). A reading is clipped to within a factor of 2 of
-    what was measured before, so one outlier moves it a bounded step; the first is taken whole
-    (a prior is no measurement: a size priced by it must not stay mispriced because it was)."""
+    re-priced by the others. Beyond the curve (a draft reading the prompt or what it missed, hundreds
+    of tokens): the curve's end plus a cost per token past it, which every read timed past the end
+    teaches (a running ratio of their extra ms to their extra tokens). Until one is timed, the
+    cheapest per-token cost of any batch in the curve's upper half: a long batch costs no more per
+    token than a shorter one (the matrix kernels only get fuller), while the last slope of a short,
+    noisy curve can price 400 tokens at 20 times what they take.
+
+    Without a curve: a running mean per size timed, and for sizes not yet timed a line through the
+    nearest timed ones, beyond them the slope of the two largest (before two are timed, the prior's).
+    A reading is clipped to within a factor of 2 of what was measured before, so one outlier moves it
+    a bounded step; the first is taken whole (a prior is no measurement: a size priced by it must not
+    stay mispriced because it was)."""
 
     ALPHA = 0.3  # weight of a new reading
 
@@ -71,13 +78,23 @@ class Curve:
         self.step_prior = step_prior    # ms of one token before anything is timed
         self.slope_prior = slope_prior  # extra ms per extra token, as a fraction of one step
         self.scale: float | None = None  # observed / curve (None until a size within the curve is timed)
-        self.timed: dict[int, float] = {}  # running mean per size (without a curve, or beyond it)
+        self.timed: dict[int, float] = {}  # running mean per size (without a curve)
+        self.past_ms = self.past_tokens = 0.0  # reads timed past the curve's end: extra ms, extra tokens (decayed)
 
     def add(self, n: int, ms: float) -> None:
         if n < 1 or ms <= 0:
             return
-        within = bool(self.curve) and n <= len(self.curve)
-        if (self.scale is not None) if within else (n in self.timed):  # clip against a measurement, not a prior
+        if self.curve and n > len(self.curve):
+            if self.past_tokens:  # clip against a measurement, not a prior
+                old = self.ms(n)
+                ms = min(max(ms, old / 2), old * 2)
+            extra = n - len(self.curve)
+            keep = 1.0 - self.ALPHA  # per read, whatever its size: the last few reads dominate
+            self.past_ms = self.past_ms * keep + max(0.0, ms - self._end())
+            self.past_tokens = self.past_tokens * keep + extra
+            return
+        within = bool(self.curve)
+        if (self.scale is not None) if within else (n in self.timed):
             old = self.ms(n)
             ms = min(max(ms, old / 2), old * 2)
         if within:
@@ -86,16 +103,28 @@ class Curve:
             return
         self.timed[n] = running_mean(self.timed.get(n), ms, self.ALPHA)
 
+    def _end(self) -> float:
+        assert self.curve
+        return self.curve[-1] * (1.0 if self.scale is None else self.scale)
+
+    def past_rate(self) -> float:
+        """ms per token past the curve's end (see the class docstring)."""
+        assert self.curve
+        if self.past_tokens:
+            return self.past_ms / self.past_tokens
+        half = len(self.curve) // 2
+        cheapest = min(ms / n for n, ms in enumerate(self.curve[half:], half + 1))
+        return cheapest * (1.0 if self.scale is None else self.scale)
+
     def ms(self, n: int) -> float:
         n = max(1, n)
         scale = 1.0 if self.scale is None else self.scale
-        if self.curve and n <= len(self.curve):
-            return self.curve[n - 1] * scale
+        if self.curve:
+            if n <= len(self.curve):
+                return self.curve[n - 1] * scale
+            return self._end() + self.past_rate() * (n - len(self.curve))
         if n in self.timed:
             return self.timed[n]
-        if self.curve:  # beyond the curve: its last slope
-            tail = self.curve[-1] - self.curve[-2] if len(self.curve) > 1 else self.curve[-1]
-            return (self.curve[-1] + tail * (n - len(self.curve))) * scale
         if not self.timed:
             return self.step_prior * (1 + self.slope_prior * (n - 1))
         sizes = sorted(self.timed)

@@ -59,7 +59,22 @@ def test_curves_use_the_profile_scaled_to_what_is_timed():
     assert c.ms(4) == 170.0
     c.add(1, 210.0)  # this machine is twice as slow as the profile today
     assert c.ms(4) == pytest.approx(340.0)
-    assert c.ms(7) == pytest.approx(2 * (220 + 50 * 2))  # beyond the curve: its last slope
+    # beyond the curve: its end plus, per token, the cheapest per-token cost in its upper half (4 tokens
+    # at 170 ms), not its last slope (50 ms a token, which priced a 400-token catch-up at 6 times its cost)
+    assert c.ms(7) == pytest.approx(2 * (220 + 42.5 * 2))
+
+
+def test_reads_past_the_curve_are_priced_by_what_such_reads_took():
+    """A draft's catch-up (the prompt, or what it missed) reads hundreds of tokens; the per-token cost
+    past the curve's end is learnt from those reads, and one read teaches every size."""
+    c = Curve([20.0 * x for x in (1, 1.3, 1.6, 2.0, 2.6, 3.2, 4.0, 4.6)], 20.0, 0.27)
+    assert c.ms(408) == pytest.approx(92.0 + 400 * 52.0 / 5)  # the prior: 5 tokens' 10.4 ms a token
+    c.add(208, 92.0 + 200 * 4.0)                               # 200 tokens past the end took 4 ms each
+    assert c.ms(408) == pytest.approx(92.0 + 400 * 4.0)
+    assert c.ms(20) == pytest.approx(92.0 + 12 * 4.0)
+    c.add(408, 10_000.0)                                        # an outlier moves it a bounded step
+    assert c.ms(408) < 2 * (92.0 + 400 * 4.0)
+    assert c.ms(8) == 92.0                                      # within the curve, nothing changed
 
 
 def test_curves_without_a_profile_interpolate_the_timed_sizes():
