@@ -60,7 +60,8 @@ def test_curves_use_the_profile_scaled_to_what_is_timed():
     c.add(1, 210.0)  # this machine is twice as slow as the profile today
     assert c.ms(4) == pytest.approx(340.0)
     # beyond the curve: its end plus, per token, the cheapest per-token cost in its upper half (4 tokens
-    # at 170 ms), not its last slope (50 ms a token, which priced a 400-token catch-up at 6 times its cost)
+    # at 170 ms), not its last slope (50 ms a token; on the real draft's curve the last slope priced a
+    # 400-token catch-up at 6 times what it took)
     assert c.ms(7) == pytest.approx(2 * (220 + 42.5 * 2))
 
 
