@@ -63,7 +63,7 @@ class Curve:
     teaches (a running ratio of their extra ms to their extra tokens). Until one is timed, the
     cheapest per-token cost of any batch in the curve's upper half: a long batch costs no more per
     token than a shorter one (the matrix kernels only get fuller), while the last slope of a short,
-    noisy curve priced 400 tokens of the 0.5B draft at 8.9 s where they take 1.5 s (2 threads, AMD EPYC).
+    noisy curve priced 400 tokens of the 0.5B draft at 9-10 s where they take 1.5 s (2 threads, AMD EPYC).
 
     Without a curve: a running mean per size timed, and for sizes not yet timed a line through the
     nearest timed ones, beyond them the slope of the two largest (before two are timed, the prior's).
