@@ -103,9 +103,13 @@ class Curve:
             return
         self.timed[n] = running_mean(self.timed.get(n), ms, self.ALPHA)
 
+    def _factor(self) -> float:
+        """observed / curve now (1 before anything within the curve is timed)."""
+        return 1.0 if self.scale is None else self.scale
+
     def _end(self) -> float:
         assert self.curve
-        return self.curve[-1] * (1.0 if self.scale is None else self.scale)
+        return self.curve[-1] * self._factor()
 
     def past_rate(self) -> float:
         """ms per token past the curve's end (see the class docstring)."""
@@ -114,14 +118,13 @@ class Curve:
             return self.past_ms / self.past_tokens
         half = len(self.curve) // 2
         cheapest = min(ms / n for n, ms in enumerate(self.curve[half:], half + 1))
-        return cheapest * (1.0 if self.scale is None else self.scale)
+        return cheapest * self._factor()
 
     def ms(self, n: int) -> float:
         n = max(1, n)
-        scale = 1.0 if self.scale is None else self.scale
         if self.curve:
             if n <= len(self.curve):
-                return self.curve[n - 1] * scale
+                return self.curve[n - 1] * self._factor()
             return self._end() + self.past_rate() * (n - len(self.curve))
         if n in self.timed:
             return self.timed[n]
