@@ -191,13 +191,20 @@ class ModelDrafter:
         row = self.kv.feed(full, 1, cancelled)[0]
         t1 = time.perf_counter()
         steps = 0
+        temperature = self.cand_temperature()
         while len(toks) < k:
-            if self.p_min > 0 and top_probability(row) < self.p_min:
+            top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
+            if top1 is not None and top1 < self.p_min:
                 break
-            cand = top_candidates(row, self.cand_temperature()) if self.candidates else None
+            cand = top_candidates(row, temperature) if self.candidates else None
             more = True
             if go_on is not None:
-                p_top = float(cand.probs[0]) if cand is not None else top_probability(row, self.cand_temperature())
+                if cand is not None:
+                    p_top = float(cand.probs[0])
+                elif top1 is not None and temperature == 1.0:
+                    p_top = top1  # the same number: computed once
+                else:
+                    p_top = top_probability(row, temperature)
                 take, more = go_on(len(toks), p_top)
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
