@@ -4,7 +4,8 @@ On offer each round (whichever exist):
 
     plain        nothing drafted: one target step
     ngram  m     the first m tokens the n-gram lookup proposes (free to make)
-    draft  m     the draft model drafts m tokens now, first reading what it has not read yet
+    draft  m     the draft model drafts m tokens now, first reading what it has not read yet (and,
+                 where that saves steps, the n-gram copy's first tokens as its guess: drafters.py)
     prepared m   a branch pre-speculated while the target verified the last round (an SSD hit or
                  partial hit), extended by the draft if it holds fewer than m tokens
 
@@ -139,6 +140,7 @@ class Decision:
     m: int
     rate: float                    # expected tokens per ms (0: not planned)
     runner_up: tuple[Kind, int, float] | None = None
+    guess: int = 0                 # a draft: how many of the n-gram's tokens it reads as a guess first
 
     def describe(self) -> str:
         ru = f"; runner-up {self.runner_up[0]} {self.runner_up[1]} at {self.runner_up[2] * 1e3:.1f} tok/s" \
@@ -171,6 +173,7 @@ class Planner:
         self.draft_reached = [0] * draft_cap                       # ... counted when each position was last reached
         self.explore_wait = EXPLORE_FIRST                          # plain rounds before the next probe
         self.probes = 0
+        self.guessed = 0                                           # drafts that read an n-gram copy as their guess
         self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)         # prepared rounds used / looked up
         self.rounds_resting = 0                                    # rounds since the worker last prepared
         self.busy_streak = 0                                       # rounds the worker has drafted in a row
@@ -292,12 +295,26 @@ class Planner:
             g = self.gains("draft", self.caps["prepared"])
             scored += [(g[m] / (verify(m + 1) + max(0, m - ready) * draft_step), "prepared", m)
                        for m in self._lengths("prepared", offer.room)]
+        guesses: dict[int, int] = {}
         if offer.draft and "draft" in kinds:
             g = self.gains("draft", self.caps["draft"])
-            catch_up = max(0.0, self.costs.draft.ms(offer.draft_unread + 1) - draft_step)
+            read = self.costs.draft.ms(offer.draft_unread + 1)
+            catch_up = max(0.0, read - draft_step)
             horizon = max(1, min(offer.remaining, HORIZON))
-            scored += [(g[m] / (verify(m + 1) + m * draft_step + catch_up * min(1.0, g[m] / horizon)), "draft", m)
-                       for m in self._lengths("draft", offer.room)]
+            # an n-gram copy read as the draft's guess (ModelDrafter.extend): its rows cost a little
+            # each in the batch that reads the catch-up, and each row the draft then draws as guessed
+            # saves it a step (as often as the target would take the copy: the n-gram's acceptance)
+            most = min(offer.ngram, self.caps["draft"] - 1) if "ngram" in kinds else 0
+            agree = self.gains("ngram", most)
+            guess_ms = [self.costs.draft.ms(offer.draft_unread + 1 + n) - read for n in range(most + 1)]
+            for m in self._lengths("draft", offer.room):
+                drafting = m * draft_step
+                # the guess of the length that saves the most (0: none)
+                saved, guess = max(((agree[n] - 1.0) * draft_step - guess_ms[n], n) for n in range(min(m - 1, most) + 1))
+                if guess and saved > 0:
+                    drafting -= saved
+                    guesses[m] = guess
+                scored.append((g[m] / (verify(m + 1) + drafting + catch_up * min(1.0, g[m] / horizon)), "draft", m))
         scored.sort(key=lambda x: -x[0])
         (rate, kind, m), rest = scored[0], scored[1:]
         unmargin = lambda r, k: r / (1.0 + PLAIN_MARGIN) if k == "plain" else r  # noqa: E731
@@ -309,7 +326,8 @@ class Planner:
             self.probes += 1
             self.explore_wait = min(2 * self.explore_wait, EXPLORE_MOST)
             kind, m, rate, ru = "draft", probe, 0.0, (kind, m, unmargin(rate, kind))
-        d = Decision(kind, m, unmargin(rate, kind), ru)
+        d = Decision(kind, m, unmargin(rate, kind), ru, guesses.get(m, 0) if kind == "draft" else 0)
+        self.guessed += d.guess > 0
         self.log.append((kind, m, round(d.rate * 1e3, 2), *((ru[0], ru[1], round(ru[2] * 1e3, 2)) if ru else ())))
         log.debug("plan: %s", d.describe())
         return d
@@ -318,30 +336,43 @@ class Planner:
         """How long a draft drafted now runs, in a planned mode: the plan chose to draft (and an
         estimated length d.m, from per-position averages); the draft's own confidence then says, token
         by token, how far this one is worth going, up to the cap. With token j's row computed, the
-        token is drawn while what it adds, P(tokens 0..j accepted), at what it adds to the verify,
-        beats the plan's rate; the draft then steps on to token j + 1 (a draft step more) while the
-        same holds for it, guessed as sure as token j. So a confident draft runs long and an unsure one
-        stops where its next token would not pay. The draft's probabilities are scaled by how they have
-        predicted its acceptance so far (draft_sureness, token by token: a draft model can be over- or
-        under-sure). Asked before each token is drawn, from what the draft knew then (lossless: the
-        length never depends on a token drawn after it). None: the fixed modes and probes draft d.m."""
+        token is drawn while drafting on from it pays: for some length L up to the cap, the tokens
+        j..L-1 add more expected tokens per ms (each accepted with the draft's probability at j, on top
+        of P(tokens before j accepted)) than the plan's rate, at what they add to the verify and the
+        draft steps they take. After drawing it, the draft steps on to token j + 1 while the same
+        holds from there. Looking past the next token matters: a verify curve rises in steps (on the BF16
+        stand-in here 4 tokens cost what 5 do), and one token's own cost would stop a confident draft
+        at each step up. The draft's probabilities are scaled by how they have predicted its
+        acceptance so far (draft_sureness, token by token: a draft model can be over- or under-sure).
+        Asked before each token is drawn, from what the draft knew then (lossless: the length never
+        depends on a token drawn after it). None: the fixed modes and probes draft d.m."""
         self._p_tops = None
         if not self.menu.planned or d.kind != "draft" or d.rate <= 0:
             return None
-        verify, step, least = self.costs.target.ms, self.costs.draft.ms(1), max(1, self.k_min)
-        grows = lambda j: max(verify(j + 2) - verify(j + 1), 1e-3)  # noqa: E731 - ms token j adds to the verify
+        verify, step, least, cap = self.costs.target.ms, self.costs.draft.ms(1), max(1, self.k_min), self.caps["draft"]
         sure = self.draft_sureness.value
         reach = 1.0  # P(every token drafted so far is accepted)
         p_tops = self._p_tops = []
 
+        def pays(j: int, p: float, row: bool) -> bool:
+            """Whether drafting tokens j.. (each accepted with p; `row`: token j's row is computed, else a
+            step computes it) beats the plan's rate for some length up to the cap."""
+            gain = 0.0
+            for n in range(j + 1, cap + 1):  # tokens j..n-1: the verify grows to n + 1, n - 1 - j steps more
+                gain += reach * p ** (n - j)
+                cost = verify(n + 1) - verify(j + 1) + (n - 1 - j + (not row)) * step
+                if gain / max(cost, 1e-3) >= d.rate:
+                    return True
+            return False
+
         def go_on(j: int, p_top: float) -> tuple[bool, bool]:
             nonlocal reach
             p = min(1.0, p_top * sure)
-            if j >= least and reach * p / grows(j) < d.rate:  # (its row is computed: only its verify counts)
+            if j >= least and not pays(j, p, row=True):
                 return False, False
             reach *= p
             p_tops.append(p_top)
-            return True, j + 1 < least or reach * p / (step + grows(j + 1)) >= d.rate
+            return True, j + 1 < least or pays(j + 1, p, row=False)
 
         return go_on
 
@@ -466,6 +497,7 @@ class Planner:
                 "prepared_hit_rate": round(self.hit_rate(), 3),
                 "upside": round(self.upside(), 3),
                 "probes": self.probes,
+                "guessed": self.guessed,
                 "draft_sureness": round(self.draft_sureness.value, 3),
                 "rounds": [list(x) for x in self.log]}
 

@@ -129,10 +129,11 @@ class Rounds:
         if d.kind == "draft":  # planned: as long as the draft's confidence pays for, up to the cap
             go_on = self.planner.go_on(d)
             m = d.m if go_on is None else min(self.planner.caps["draft"], room)
+            guess = ngram.tokens[:d.guess]
             if self.worker is not None:
-                return self.worker.draft_now(history, m, go_on)
+                return self.worker.draft_now(history, m, go_on, guess)
             assert self.drafter is not None
-            return self.drafter.propose(history, m, self.cancelled, go_on)
+            return self.drafter.propose(history, m, self.cancelled, go_on, guess)
         return EMPTY
 
     def verifying(self, history: list[int], draft: Draft) -> None:

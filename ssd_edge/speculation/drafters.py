@@ -168,10 +168,10 @@ class ModelDrafter:
         return int(np.argmax(logits)) if q is None else gumbel_pick(q, self.seed, position)
 
     def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None,
-                go_on: GoOn | None = None) -> Draft:
+                go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
         t0 = time.perf_counter()
         try:
-            return self.extend(history, k=k, cancelled=cancelled, go_on=go_on)
+            return self.extend(history, k=k, cancelled=cancelled, go_on=go_on, guess=guess)
         finally:
             self.busy.add(time.perf_counter() - t0)
 
@@ -180,17 +180,27 @@ class ModelDrafter:
 
     def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
                k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft",
-               go_on: GoOn | None = None) -> Draft:
+               go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
         """Continue a draft (tokens and their candidates) that follows `history` until it has k tokens,
         or until `go_on` (asked before each token is drawn, with the draft's probability of its likeliest
-        token there) says that token, or the step to the next, is not worth it."""
+        token there) says that token, or the step to the next, is not worth it.
+
+        `guess`: tokens the draft is likely to draw next (an n-gram copy), read in the same batch as
+        what the draft has not read yet. While the draft draws exactly the guessed tokens, the row
+        for its next token is already there and costs no step; from the first token it draws
+        otherwise, it steps as usual. Each token is drawn from its own row either way, so a guess
+        makes a draft faster, not different (up to a batch's rounding at a near-tie, as in any read
+        of several tokens; the target verifies whatever is drawn)."""
         toks, cands = list(tokens), list(cands)
         full = list(history) + toks
+        guess = list(guess[:max(0, k - len(toks) - 1)])  # the last token drawn needs no row after it
         unread = max(0, len(full) - common_prefix(self.kv.tokens, full) - 1)
         t0 = time.perf_counter()
-        row = self.kv.feed(full, 1, cancelled)[0]
+        read = unread + len(guess)  # tokens read beside the first row
+        rows = self.kv.feed(full + guess, len(guess) + 1, cancelled)
+        row = rows[0]
         t1 = time.perf_counter()
-        steps = 0
+        steps, base = 0, len(full)
         temperature = self.cand_temperature()
         while len(toks) < k:
             top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
@@ -208,13 +218,22 @@ class ModelDrafter:
                 take, more = go_on(len(toks), p_top)
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
-            t = self.pick(row, len(self.kv.tokens))
+            j = len(toks) - (base - len(history))  # this token's index among the ones drawn in this call
+            t = self.pick(row, base + j)
             toks.append(t)
             if cand is not None:
                 cands.append(cand)
-            if len(toks) == k or not more:
+            if len(toks) == k:
                 break
+            if j < len(guess) and t == guess[j]:
+                row = rows[j + 1]  # the guess held: the next row was read with it
+                continue
+            if not more:
+                break
+            if guess:
+                self.kv.truncate(base + j)  # the guess parted from the draft here: its rows go
+                guess = []
             row = self.kv.step(t)
             steps += 1
-        self.timing = (unread, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
+        self.timing = (read, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
         return Draft(tuple(toks), speculator, tuple(cands) if self.candidates else None)

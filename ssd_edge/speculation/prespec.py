@@ -191,8 +191,8 @@ class PrespecWorker:
     def lookup(self, history: list[int], k: int) -> LookupResult:
         return self._call("lookup", history, k)
 
-    def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None) -> Draft:
-        return self._call("draft_now", history, k, go_on)
+    def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
+        return self._call("draft_now", history, k, go_on, guess)
 
     def extend(self, history: list[int], k: int) -> Draft:
         """Draft the branch that the last lookup found (a partial hit) on to k tokens."""
@@ -259,12 +259,12 @@ class PrespecWorker:
     def _busy(self, t0: float) -> None:
         self.drafter.busy.add(time.perf_counter() - t0)
 
-    def _draft_now(self, history: list[int], k: int, go_on: GoOn | None = None) -> Draft:
+    def _draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
         self._drop_branches()
         self.base = None
         t0 = time.perf_counter()
         try:
-            return self.drafter.extend(history, k=k, cancelled=self.cancelled, go_on=go_on)
+            return self.drafter.extend(history, k=k, cancelled=self.cancelled, go_on=go_on, guess=guess)
         finally:
             self._busy(t0)
 

@@ -341,6 +341,40 @@ def test_a_long_copy_gets_a_long_ngram_draft_where_verifying_is_cheap():
     assert max(r.drafted for r in rounds if r.speculator == "ngram") > 3
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_draft_that_reads_the_copy_as_its_guess_stays_the_targets_output(temperature, monkeypatch):
+    """Quoting the prompt, wrong every 6th token, with a draft that is always right: drafts that read the
+    n-gram copy as their guess (rows in one batch instead of steps; every draft made to guess, whether
+    the plan would or not: test_planner covers when it does) commit the target's tokens, greedy and
+    sampled."""
+    from dataclasses import replace
+
+    from ssd_edge.planning.planner import Planner
+
+    plan, guessed = Planner._plan, []
+
+    def always_guess(self, offer):
+        d = plan(self, offer)
+        if d.kind == "draft" and offer.ngram:
+            d = replace(d, guess=offer.ngram)
+            guessed.append(d.guess)
+        return d
+
+    monkeypatch.setattr(Planner, "_plan", always_guess)
+    eng = regime_engine([100.0 + 2 * i for i in range(17)], draft_scale=0.1)  # a verify ~ a step
+    _, first = run(eng, "ar", n=120)
+    s, m = PROMPT + list(first.tokens), 20        # a quoting prompt as in the tests above, 80 tokens
+    quote = [t if i % 6 else t % 30 + 1 for i, t in enumerate(s[m:m + 80], 1)]  # quoted wrong every 6th
+    prompt = s[:m] + quote + [1] * 9 + s[m - 4:m]
+    assert len(prompt) == m + 3 * 31
+    kw = dict(sampling=eng.config.sampling.model_copy(update=dict(temperature=temperature, top_k=0, top_p=1.0,
+                                                                  min_p=0.0, seed=77)))
+    _, ref = run(eng, "ar", prompt=prompt, n=80, **kw)
+    _, fin = run(eng, prompt=prompt, n=80, **kw)
+    assert fin.tokens == ref.tokens
+    assert guessed, fin.stats.auto.planner["rounds"]  # the path was taken
+
+
 def test_the_worker_rests_when_its_branches_go_unused():
     """1 + 1 threads (it runs beside), a steep curve: plain steps serve, so whatever the worker
     prepares is never verified, and it stops preparing."""

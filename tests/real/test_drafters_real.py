@@ -116,3 +116,26 @@ def test_model_drafter_asks_go_on_before_each_token_with_the_top_probability(dra
         assert stopped.tokens == full.tokens[:3]
     finally:
         ctx.close()
+
+
+@pytest.mark.real
+def test_a_guessed_draft_is_the_plain_draft_with_fewer_steps(draft_model):
+    """A guess (an n-gram copy) read in the first batch: the rows it brings are the rows single steps
+    would compute (up to a batch's rounding: the same tokens here), and each guessed token the draft
+    draws saves a step; from a wrong guess on, it steps as without one."""
+    from ssd_edge.llama.backend import Context
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
+
+    history = draft_model.tokenize("def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return")
+    want = greedy_reference(draft_model, history, 6)
+    ctx = Context(draft_model, 512, 512, 1)
+    try:
+        drafter = ModelDrafter(KVSeq(ctx), SamplingConfig(temperature=0.0), 0, candidates=False)
+        guess = want[:3] + [next(t for t in range(100, 200) if t != want[3])] + want[4:]
+        d = drafter.propose(history, 6, guess=guess)
+        assert list(d.tokens) == want
+        assert drafter.timing[2] == 2  # rows for tokens 1-3 came with the guess; tokens 4 and 5 took steps
+        assert list(drafter.kv.tokens) == history + want[:5]
+    finally:
+        ctx.close()

@@ -120,3 +120,56 @@ def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
 def test_top_probability_is_the_likeliest_tokens_probability():
     assert top_probability(np.array([0.0, 0.0])) == pytest.approx(0.5)
     assert top_probability(np.array([10.0, 0.0, 0.0])) > 0.99
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("right", [0, 2, 5, 9])
+def test_a_guessed_draft_is_the_same_draft_with_fewer_steps(temperature, right):
+    """A guess (an n-gram copy read in the first batch) changes how many single steps a draft takes,
+    never what it draws: with the first `right` guessed tokens as the draft draws them and the rest
+    wrong, the draft is the unguessed one, the guess saves min(right, k - 1) steps, and the cache then
+    holds what it would hold without a guess, so the next draft is unchanged too."""
+    from tests.fakes import FakeContext, FakeModel, V
+
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
+
+    s, k = SamplingConfig(temperature=temperature), 6
+    history = [5, 9, 2, 7, 7, 1]
+
+    def drafter() -> ModelDrafter:
+        return ModelDrafter(KVSeq(FakeContext(FakeModel("draft", disagree_every=4), n_seq_max=1)), s, 3,
+                            candidates=False)
+
+    plain = drafter()
+    want = plain.propose(history, k)
+    assert plain.timing[2] == k - 1  # unguessed: one single step per token after the first
+    guess = list(want.tokens[:right]) + [(t % (V - 1)) + 1 for t in want.tokens[right:]]
+    guessed = drafter()
+    got = guessed.propose(history, k, guess=guess)
+    assert got.tokens == want.tokens
+    unread, _, steps, _ = guessed.timing
+    assert steps == k - 1 - min(right, k - 1)
+    assert unread == len(history) - 1 + k - 1  # the history and the guess (as far as a row after it is used)
+    assert guessed.kv.ctx.seq_tokens(0) == list(guessed.kv.tokens)
+    held = min(right, k - 1)  # the last token drawn is not decoded (as without a guess)
+    assert list(guessed.kv.tokens[:len(history) + held]) == history + list(want.tokens[:held])
+    more = history + list(want.tokens[:3]) + [11]
+    assert guessed.propose(more, 4).tokens == plain.propose(more, 4).tokens
+
+
+def test_a_guess_stops_where_go_on_stops():
+    """The draft's length rule still decides each token before it is drawn: a guess past it is unused."""
+    from tests.fakes import FakeContext, FakeModel
+
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
+
+    kv = KVSeq(FakeContext(FakeModel("draft"), n_seq_max=1))
+    d = ModelDrafter(kv, SamplingConfig(temperature=0.0), 0, candidates=False)
+    history = [4, 4, 8]
+    want = ModelDrafter(KVSeq(FakeContext(FakeModel("draft"), n_seq_max=1)), SamplingConfig(temperature=0.0), 0,
+                        candidates=False).propose(history, 8)
+    got = d.propose(history, 8, go_on=lambda j, p: (j < 3, False), guess=want.tokens)
+    assert got.tokens == want.tokens[:3]
+    assert d.timing[2] == 0  # every row it used came with the guess

@@ -366,7 +366,7 @@ def test_report_names_every_estimate():
     p.plan(Offer(3, draft=True))
     rep = p.report()
     assert set(rep) >= {"decisions", "draft_alpha", "step_ms", "verify_ms", "draft_step_ms", "rounds", "regime",
-                        "contention", "prepared_hit_rate", "upside", "probes"}
+                        "contention", "prepared_hit_rate", "upside", "probes", "guessed"}
     assert sum(rep["decisions"].values()) == 1
     (kind, m, rate, ru_kind, ru_m, ru_rate), = rep["rounds"]  # why: the choice and the runner-up, in tok/s
     assert kind in ("plain", "draft") and ru_kind != kind and rate >= ru_rate > 0
@@ -548,6 +548,16 @@ def test_a_confident_draft_runs_to_the_cap_and_an_unsure_one_stops_where_it_stop
     assert drafted_length(p, [0.05] * 8, 8) == 1                       # the plan drafts: at least one token
 
 
+def test_a_step_up_in_the_verify_curve_does_not_stop_a_confident_draft():
+    """The BF16 stand-in's measured curve rises in steps (4 tokens cost 166 ms, 5 the same): the
+    fourth token alone costs a step up, which judged by itself stopped code drafts at 2 tokens where
+    every one was accepted. Judged with the tokens after it, the draft runs on."""
+    stair = [93.0, 123.0, 135.0, 166.0, 166.0, 186.0, 206.0, 234.0, 218.0, 222.0, 239.0, 244.0]
+    p = planner(cap=8, draft_ms=16.0, curve=stair)
+    teach_draft(p, 0.95)
+    assert drafted_length(p, [0.93] * 8, 8) >= 4
+
+
 def test_go_on_follows_the_verify_curve_and_leaves_fixed_modes_and_probes_alone():
     conf = [0.85] * 8
     medium = [100.0 * (1 + 0.4 * i) for i in range(17)]  # each verified token 0.4 of a step: drafts pay, less
@@ -567,3 +577,25 @@ def test_k_min_tokens_are_drafted_before_the_rule_may_stop():
     p = planner(cap=8, draft_ms=15.0, curve=FLAT, k_min=3)
     teach_draft(p, 0.8)
     assert drafted_length(p, [0.01] * 8, 8) == 3
+
+
+def test_a_draft_reads_an_ngram_copy_as_its_guess_where_that_saves_steps():
+    """An n-gram copy the target is likely to take is likely the draft's own next tokens too: read in
+    the batch with the draft's first row, each guessed token the draft draws saves it a step. The plan
+    asks for the guess only where those steps outweigh the rows it reads."""
+    draft_curve = [20.0 + 2.0 * i for i in range(16)]  # a row more in a batch: a tenth of a step
+
+    def guessing(copy_rate: float) -> Planner:
+        p = Planner(MENUS["auto"], Costs(FLAT, draft_curve), draft_cap=8, ngram_cap=16)
+        p.prefilled = True
+        teach_draft(p, 0.97)
+        for rates in p.ngram_alpha:
+            for r in rates:
+                for i in range(20):
+                    r.add(1.0 if (i * 37 % 100) / 100 < copy_rate else 0.0)
+        return p
+
+    sure = guessing(0.8).plan(Offer(16, remaining=200, ngram=16, draft=True))
+    assert sure.kind == "draft" and sure.m > 4 and sure.guess == sure.m - 1  # every row the planned draft uses
+    assert guessing(0.8).plan(Offer(16, remaining=200, draft=True)).guess == 0  # no copy on offer
+    assert guessing(0.0).plan(Offer(16, remaining=200, ngram=16, draft=True)).guess == 0  # a copy that never holds
