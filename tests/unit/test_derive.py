@@ -49,7 +49,11 @@ def test_derive_requantizes_a_pulled_model_and_it_drafts(small_pair, tmp_path):
     assert made and path.exists() and not list(tmp_path.glob(".*partial"))
     note = json.loads(derive.provenance_path(path).read_text())
     assert note["source"] == "smollm2-135m" and note["type"] == "q4_0" and note["size"] == path.stat().st_size
+    assert note["recipe"] == "pure"  # the output layer in Q4_0 too
     assert derive.derive("smollm2-135m", "q4_0", tmp_path) == (path, False)
+    del note["recipe"]  # a file an earlier version made (llama.cpp's default mix) is made again
+    derive.provenance_path(path).write_text(json.dumps(note))
+    assert derive.derive("smollm2-135m", "q4_0", tmp_path) == (path, True)
     eng = make_engine((small_pair[0], path))
     try:
         ar = eng.complete("The capital of France is", max_tokens=16, mode="ar")
