@@ -9,8 +9,8 @@ so: it is for measuring speculation's other regime on this machine, not a model 
 
 llama.cpp's CPU kernels for Q4_0 are faster than its Q4_K ones on x86 with AVX-512 (FIELD_NOTES:
 the 0.5B draft decodes 20% faster at 1 thread, 12% at 2), and a faster draft makes every draft
-round cheaper. A q4_0 variant is made pure (RECIPES): the output layer in Q4_0 too, where
-llama.cpp would keep it in Q6_K. A small draft's output layer is much of its work (the 0.5B
+round cheaper. A draft's q4_0 variant is made pure (RECIPES): the output layer in Q4_0 too,
+where llama.cpp would keep it in Q6_K (a target's keeps the mix). A small draft's output layer is much of its work (the 0.5B
 draft's 152k-token vocabulary: 136M of its 494M weights), and Q6_K's kernel computes several rows
 one at a time: on this project's machine the pure file decodes a token 24-29% faster than the
 default mix, at about the same agreement with the target on code and 2 points less on prose
@@ -36,8 +36,9 @@ def provenance_path(path: Path) -> Path:
     return path.with_name(path.name + ".json")
 
 
-# How each type is made, where it is not llama.cpp's default mix; a file made by another recipe (an
-# older version) is made again, in seconds
+# How a draft's variant of each type is made, where it is not llama.cpp's default mix (a target keeps
+# the mix: its output layer shapes every answer); a file made by another recipe (an older version) is
+# made again, in seconds
 RECIPES = {"q4_0": "pure"}
 
 
@@ -52,7 +53,7 @@ def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force:
         raise ModelNotFoundError(f"unknown type '{kind}': choose one of {', '.join(catalog.DERIVED_KINDS)}")
     src = catalog.resolve_model(name, models_dir)
     dst = catalog.derived_path(model, kind, models_dir)
-    recipe = RECIPES.get(kind)
+    recipe = RECIPES.get(kind) if model.role != "target" else None
     if dst.exists() and provenance_path(dst).exists() and not force and _recipe(dst) == recipe:
         return dst, False
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.partial")
