@@ -146,7 +146,9 @@ def models_derive_draft(
 ) -> None:
     """Requantize a pulled draft on this device (a few seconds). Use it as -md NAME:TYPE; the default
     draft's q4_0 variant becomes the default draft once it exists. On CPUs with AVX-512, llama.cpp
-    decodes Q4_0 faster than Q4_K_M; the draft's quantization never changes the output, only speed."""
+    decodes Q4_0 faster than Q4_K_M; a q4_0 draft is made pure (its output layer in Q4_0 too), and
+    a q4_0 file an earlier version made is made again. The draft's quantization never changes the
+    output, only speed."""
     _derive(name, kind, force, flags)
 
 
