@@ -310,7 +310,8 @@ class Planner:
             for m in self._lengths("draft", offer.room):
                 drafting = m * draft_step
                 # the guess of the length that saves the most (0: none)
-                saved, guess = max(((agree[n] - 1.0) * draft_step - guess_ms[n], n) for n in range(min(m - 1, most) + 1))
+                saved, guess = max(((agree[n] - 1.0) * draft_step - guess_ms[n], n)
+                                   for n in range(min(m - 1, most) + 1))
                 if guess and saved > 0:
                     drafting -= saved
                     guesses[m] = guess
@@ -357,10 +358,10 @@ class Planner:
         def pays(j: int, p: float, row: bool) -> bool:
             """Whether drafting tokens j.. (each accepted with p; `row`: token j's row is computed, else a
             step computes it) beats the plan's rate for some length up to the cap."""
-            gain = 0.0
+            gain, now = 0.0, verify(j + 1)
             for n in range(j + 1, cap + 1):  # tokens j..n-1: the verify grows to n + 1, n - 1 - j steps more
                 gain += reach * p ** (n - j)
-                cost = verify(n + 1) - verify(j + 1) + (n - 1 - j + (not row)) * step
+                cost = verify(n + 1) - now + (n - 1 - j + (not row)) * step
                 if gain / max(cost, 1e-3) >= d.rate:
                     return True
             return False

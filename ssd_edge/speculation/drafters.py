@@ -200,7 +200,7 @@ class ModelDrafter:
         rows = self.kv.feed(full + guess, len(guess) + 1, cancelled)
         row = rows[0]
         t1 = time.perf_counter()
-        steps, base = 0, len(full)
+        steps, base, first = 0, len(full), len(toks)
         temperature = self.cand_temperature()
         while len(toks) < k:
             top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
@@ -218,7 +218,7 @@ class ModelDrafter:
                 take, more = go_on(len(toks), p_top)
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
-            j = len(toks) - (base - len(history))  # this token's index among the ones drawn in this call
+            j = len(toks) - first  # this token's index among the ones drawn in this call
             t = self.pick(row, base + j)
             toks.append(t)
             if cand is not None:

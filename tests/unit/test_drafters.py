@@ -129,8 +129,7 @@ def test_a_guessed_draft_is_the_same_draft_with_fewer_steps(temperature, right):
     never what it draws: with the first `right` guessed tokens as the draft draws them and the rest
     wrong, the draft is the unguessed one, the guess saves min(right, k - 1) steps, and the cache then
     holds what it would hold without a guess, so the next draft is unchanged too."""
-    from tests.fakes import FakeContext, FakeModel, V
-
+    from fakes import FakeContext, FakeModel, V
     from ssd_edge.llama.kvseq import KVSeq
     from ssd_edge.speculation.drafters import ModelDrafter
 
@@ -160,8 +159,7 @@ def test_a_guessed_draft_is_the_same_draft_with_fewer_steps(temperature, right):
 
 def test_a_guess_stops_where_go_on_stops():
     """The draft's length rule still decides each token before it is drawn: a guess past it is unused."""
-    from tests.fakes import FakeContext, FakeModel
-
+    from fakes import FakeContext, FakeModel
     from ssd_edge.llama.kvseq import KVSeq
     from ssd_edge.speculation.drafters import ModelDrafter
 
