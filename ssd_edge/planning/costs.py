@@ -15,6 +15,8 @@ Pure arithmetic on the engine thread; tested with plain numbers.
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import Sequence
 
 # Without a profile: a CPU-like prior until timed (a verify of 4 tokens ~1.75 steps, a draft step
@@ -56,14 +58,24 @@ def running_mean(old: float | None, new: float, alpha: float) -> float:
 class Curve:
     """ms of a decode of n tokens for one model.
 
-    With the device's curve (the profile): the curve times one scale, a running mean of observed /
-    curve over every decode timed within it, whatever its size, so a size no longer chosen is still
-    re-priced by the others. Beyond the curve (a draft reading the prompt or what it missed, hundreds
-    of tokens): the curve's end plus a cost per token past it, which every read timed past the end
-    teaches (a running ratio of their extra ms to their extra tokens). Until one is timed, the
-    cheapest per-token cost of any batch in the curve's upper half: a long batch costs no more per
-    token than a shorter one (the matrix kernels only get fuller), while the last slope of a short,
-    noisy curve priced 400 tokens of the 0.5B draft at 9-10 s where they take 1.5 s (2 threads, AMD EPYC).
+    With the device's curve (the profile): the curve times a factor, observed / curve, learnt apart
+    for a step (n = 1) and for a batch (n > 1: a verify, a draft's read), each the median of its
+    class's last RECENT decodes: one slow decode (the machine busy for a moment) moves no price, a
+    lasting change moves it within a few. A step and a batch run different kernels (matrix-vector
+    against matrix-matrix), and a calibration's step can be off where its batches are not: on the
+    BF16 stand-in here (2 threads) it timed a step at 75 ms and a verify of 4 at 148; a generation
+    then stepped at 106 ms and verified 4 at ~150. One factor for both priced that verify at 208 ms,
+    and auto took plain steps on prose where drafting 3 tokens made 1.35x as many tokens a second.
+    A class not timed for a while fades into the other's factor (half-way in FADE decodes of the
+    other; never timed: the other's), so a machine grown busier re-prices both, and a class no
+    longer chosen is re-priced by the one that runs instead of keeping a price nothing re-times.
+
+    Beyond the curve (a draft reading the prompt or what it missed, hundreds of tokens): the curve's
+    end plus a cost per token past it, which every read timed past the end teaches (a running ratio
+    of their extra ms to their extra tokens). Until one is timed, the cheapest per-token cost of any
+    batch in the curve's upper half: a long batch costs no more per token than a shorter one (the
+    matrix kernels only get fuller), while the last slope of a short, noisy curve priced 400 tokens
+    of the 0.5B draft at 9-10 s where they take 1.5 s (2 threads, AMD EPYC).
 
     Without a curve: a running mean per size timed, and for sizes not yet timed a line through the
     nearest timed ones, beyond them the slope of the two largest (before two are timed, the prior's).
@@ -72,12 +84,19 @@ class Curve:
     stay mispriced because it was)."""
 
     ALPHA = 0.3  # weight of a new reading
+    FADE = 16.0  # decodes of the other class over which a class's factor fades half-way into the other's
+    RECENT = 5   # decodes of a class whose median is its factor
 
     def __init__(self, curve: Sequence[float] | None, step_prior: float, slope_prior: float) -> None:
         self.curve = list(curve) if curve else None
         self.step_prior = step_prior    # ms of one token before anything is timed
         self.slope_prior = slope_prior  # extra ms per extra token, as a fraction of one step
-        self.scale: float | None = None  # observed / curve (None until a size within the curve is timed)
+        # observed / curve of the last decodes of a step [0] and of a batch [1], and the decode count
+        # when each was last timed
+        self.recent: tuple[deque[float], deque[float]] = (deque(maxlen=self.RECENT), deque(maxlen=self.RECENT))
+        self.medians: list[float | None] = [None, None]
+        self.timed_at = [0, 0]
+        self.decodes = 0
         self.timed: dict[int, float] = {}  # running mean per size (without a curve)
         self.past_ms = self.past_tokens = 0.0  # reads timed past the curve's end: extra ms, extra tokens (decayed)
 
@@ -94,22 +113,30 @@ class Curve:
             self.past_tokens = self.past_tokens * keep + extra
             return
         within = bool(self.curve)
-        if (self.scale is not None) if within else (n in self.timed):
+        if (self.recent[0] or self.recent[1]) if within else (n in self.timed):
             old = self.ms(n)
             ms = min(max(ms, old / 2), old * 2)
         if within:
-            ratio = ms / self.curve[n - 1]
-            self.scale = running_mean(self.scale, ratio, self.ALPHA)
+            c = int(n > 1)
+            self.decodes += 1
+            self.recent[c].append(ms / self.curve[n - 1])
+            self.medians[c] = statistics.median(self.recent[c])
+            self.timed_at[c] = self.decodes
             return
         self.timed[n] = running_mean(self.timed.get(n), ms, self.ALPHA)
 
-    def _factor(self) -> float:
-        """observed / curve now (1 before anything within the curve is timed)."""
-        return 1.0 if self.scale is None else self.scale
+    def _factor(self, n: int) -> float:
+        """observed / curve now for a decode of n tokens (1 before anything within the curve is timed)."""
+        c = int(n > 1)
+        own, other = self.medians[c], self.medians[1 - c]
+        if own is None or other is None:
+            return own if own is not None else other if other is not None else 1.0
+        fresh = 0.5 ** ((self.decodes - self.timed_at[c]) / self.FADE)
+        return fresh * own + (1.0 - fresh) * other
 
     def _end(self) -> float:
         assert self.curve
-        return self.curve[-1] * self._factor()
+        return self.curve[-1] * self._factor(len(self.curve))
 
     def past_rate(self) -> float:
         """ms per token past the curve's end (see the class docstring)."""
@@ -118,13 +145,13 @@ class Curve:
             return self.past_ms / self.past_tokens
         half = len(self.curve) // 2
         cheapest = min(ms / n for n, ms in enumerate(self.curve[half:], half + 1))
-        return cheapest * self._factor()
+        return cheapest * self._factor(len(self.curve))
 
     def ms(self, n: int) -> float:
         n = max(1, n)
         if self.curve:
             if n <= len(self.curve):
-                return self.curve[n - 1] * self._factor()
+                return self.curve[n - 1] * self._factor(n)
             return self._end() + self.past_rate() * (n - len(self.curve))
         if n in self.timed:
             return self.timed[n]
