@@ -11,7 +11,12 @@ output (both tools print the same lines):
 
 Its "decoded" time starts after the prompt (all but its last token) is
 encoded, so it compares with ssd-edge's decode tokens/s (which starts after the
-first token) up to one target step.
+first token) up to one target step, and its "encoded" time, the prompt read by
+the target and the draft model, with ssd-edge's time to the first token. Which
+side of that line the draft's reading of the prompt falls on differs (llama.cpp
+and `sd`: before the first token; `auto`: in its first draft round, so that its
+first token comes as fast as `ar`'s), so the bench also compares the whole
+answer, prompt to last token (report.py: answer tokens/s).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class PeerRun:
     prompt_tokens: int
     drafted: int
     accepted: int
+    encode_s: float | None = None  # reading the prompt: the target's, and the draft model's where there is one
 
 
 def parse_output(text: str) -> PeerRun:
@@ -78,7 +84,7 @@ def parse_output(text: str) -> PeerRun:
     enc = _ENCODED.search(text)
     return PeerRun(tokens=int(m.group(1)), decode_s=float(m.group(2)), tokens_per_s=float(m.group(3)),
                    prompt_tokens=int(enc.group(1)) if enc else 0, drafted=fields.get("n_drafted", 0),
-                   accepted=fields.get("n_accept", 0))
+                   accepted=fields.get("n_accept", 0), encode_s=float(enc.group(2)) if enc else None)
 
 
 def command(binary: Path, target: Path, draft: Path | None, prompt_file: Path, *, k: int, target_threads: int,

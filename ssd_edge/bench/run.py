@@ -320,7 +320,8 @@ class Bench:
             return
         self.peer_runs.append(PeerRecord(setting=s.name, prompt_id=p.id, category=p.category, k=k, kind=kind, rep=rep,
                                          prompt_tokens=r.prompt_tokens, tokens=r.tokens, decode_s=r.decode_s,
-                                         tokens_per_s=r.tokens_per_s, drafted=r.drafted, accepted=r.accepted))
+                                         tokens_per_s=r.tokens_per_s, drafted=r.drafted, accepted=r.accepted,
+                                         encode_s=r.encode_s))
 
     def result(self, machine: MachineInfo, interrupted: bool) -> BenchResult:
         from . import peer as bench_peer, report as bench_report

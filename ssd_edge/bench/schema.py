@@ -115,6 +115,8 @@ class PeerRecord(BaseModel):
     tokens_per_s: float
     drafted: int
     accepted: int
+    encode_s: float | None = Field(default=None, description="the tool's prompt read ('encoded ... in S seconds'): "
+                                   "the target's, and the draft model's where there is one")
 
 
 class PeerInfo(BaseModel):
@@ -136,6 +138,10 @@ class SummaryRow(BaseModel):
     tokens_per_s: float
     tokens_per_s_std: float = Field(description="spread of per-prompt tokens/s")
     speedup_vs_ar: float | None
+    answer_tokens_per_s: float | None = Field(
+        default=None, description="tokens / time from the prompt to the last token (ssd-edge: TTFT + decode; "
+                                  "llama.cpp: encode + decode): the same work on both sides, wherever a mode "
+                                  "reads the prompt into the draft")
     ttft_ms: float | None
     latency_p50_ms: float | None
     latency_p95_ms: float | None

@@ -86,7 +86,8 @@ def fake_runs() -> list[RunRecord]:
 
 def fake_peer() -> list[PeerRecord]:
     return [PeerRecord(setting="shared", prompt_id=p, category=c, k=k, rep=0, prompt_tokens=20, tokens=32,
-                       decode_s=6.4 if k == 4 else 8.0, tokens_per_s=5.0, drafted=40, accepted=28)
+                       decode_s=6.4 if k == 4 else 8.0, tokens_per_s=5.0, drafted=40, accepted=28,
+                       encode_s=1.6 if k == 4 else None)
             for p, c in (("p1", "code"), ("p2", "prose")) for k in (3, 4)] + [
         PeerRecord(setting="shared", prompt_id=p, category=c, k=4, kind="lookup", rep=0, prompt_tokens=20, tokens=32,
                    decode_s=1.0, tokens_per_s=32.0, drafted=40, accepted=30) for p, c in (("p1", "code"), ("p2", "prose"))]
@@ -110,6 +111,17 @@ def test_summary_is_ratio_of_sums_and_speedups_are_within_the_setting():
     assert peer.acceptance == pytest.approx(0.7)
     lookup = get[("shared", "llama.cpp lookup k=4", "all")]   # llama-lookup: a row of its own
     assert lookup.tokens_per_s == pytest.approx(32.0) and lookup.runs == 2
+
+
+def test_the_whole_answer_is_timed_from_the_prompt_on_both_sides():
+    """answer tokens/s: ours over TTFT + decode (the run's wall), llama.cpp's over its encode + decode;
+    none where a peer run did not say how long its prompt took."""
+    rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
+    get = {(r.setting, r.mode, r.category): r for r in rows}
+    assert get[("shared", "ar", "code")].answer_tokens_per_s == pytest.approx(33 / 8.5)
+    assert get[("shared", "auto", "all")].answer_tokens_per_s == pytest.approx(66 / (4.6 + 5.5))
+    assert get[("shared", "llama.cpp k=4", "all")].answer_tokens_per_s == pytest.approx(64 / (2 * (6.4 + 1.6)))
+    assert get[("shared", "llama.cpp k=3", "all")].answer_tokens_per_s is None
 
 
 def test_goals_compare_the_right_rows():
@@ -137,6 +149,8 @@ def test_a_stand_in_setting_is_held_to_the_memory_bound_speedups():
     assert goals["shared, code: auto vs the best fixed mode"].threshold == ">= 0.97x"
     g = goals["shared, all: auto vs llama.cpp's speculative decoding"]
     assert g.threshold == ">= 1.25x" and "llama.cpp k=" in g.detail  # speculative-simple (lookup is faster here)
+    g = goals["shared, all: auto vs llama.cpp's speculative decoding, prompt to answer"]  # k=4, the faster decode
+    assert g.value == pytest.approx((66 / 10.1) / (64 / 16.0)) and g.threshold == ">= 1.25x"
     assert goals["separate, code: auto vs ar"].threshold == ">= 0.97x"  # not a stand-in setting
 
 
@@ -203,7 +217,7 @@ main: accept    = 80.833%
 def test_peer_output_parser_reads_its_timing_lines():
     r = bench_peer.parse_output(PEER_OUTPUT)
     assert (r.tokens, r.decode_s, r.tokens_per_s) == (128, 11.213, 11.415)
-    assert (r.prompt_tokens, r.drafted, r.accepted) == (41, 120, 97)
+    assert (r.prompt_tokens, r.drafted, r.accepted, r.encode_s) == (41, 120, 97, 0.512)
     with pytest.raises(ValueError):
         bench_peer.parse_output("llama_model_load: error")
 
