@@ -80,7 +80,8 @@ def thread_options(cores: int) -> list[int]:
 PREFIX = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
 
 
-def _batch(n: int) -> list[int]:
+def filler(n: int) -> list[int]:
+    """n filler token ids for a timed decode (any in-vocabulary tokens do)."""
     return [(17 * i + 11) % 1000 + 100 for i in range(n)]
 
 
@@ -107,8 +108,8 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
             for t in opts:
                 tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", done / steps)
                 engine.use_threads(**{name: t})
-                timer.decode_ms(name, PREFIX, _batch(1))  # warm-up: first decodes at a new thread count are slower
-                table[t] = [timer.decode_ms(name, PREFIX, _batch(n), reps) for n in range(1, k_max + 2)]
+                timer.decode_ms(name, PREFIX, filler(1))  # warm-up: first decodes at a new thread count are slower
+                table[t] = [timer.decode_ms(name, PREFIX, filler(n), reps) for n in range(1, k_max + 2)]
                 done += 1
         costs = []
         for t, d in splits:
@@ -141,7 +142,7 @@ def contention(timer, pairs: int, tries: int = 3) -> tuple[float, float]:
     machine that grew quieter while the pairs ran) and is measured again, then read as 1."""
     target_x = draft_x = 1.0
     for _ in range(tries):
-        target_x, draft_x = timer.contention(PREFIX, _batch(VERIFY_TOKENS), pairs)
+        target_x, draft_x = timer.contention(PREFIX, filler(VERIFY_TOKENS), pairs)
         if target_x >= 1.0:
             return target_x, draft_x
         log.info("contention measured at %.3f (< 1): measuring again", target_x)
