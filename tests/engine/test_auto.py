@@ -92,7 +92,7 @@ def test_a_draft_that_is_always_wrong_leaves_the_target_to_plain_steps():
     served = fin.stats.speculators
     assert served.get("none", 0) > 0.8 * len(rounds), served
     measured = fin.stats.auto.planner["draft_alpha_measured"][0]
-    assert measured is not None and measured < 0.5  # it was tried, and found wanting
+    assert measured is not None and measured < 0.6  # it was tried, and found wanting (the prior: 0.7)
 
 
 def test_ngram_serves_an_answer_that_quotes_the_prompt():
