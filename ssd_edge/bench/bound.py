@@ -6,16 +6,19 @@ For each prompt, the target's own greedy answer is generated (mode ar), then, kn
 the cheapest way to produce it from the proposers auto has is found exactly (dynamic programming
 over the rounds): each round a plain step, an n-gram copy of m tokens (the lookup auto asks), or
 the draft model drafting k tokens (greedy: it is accepted as far as its own greedy choices agree
-with the answer). Costs are timed here, for each prompt, in the middle of its answer: the
-target's decode of 1 .. 17 tokens, the draft's step and catch-up reads, the draft's reading of the
-prompt; a draft pays to read every token committed while it did not draft before it drafts again. The bound knows every round's outcome
-in advance, which no planner does, and leaves out the pre-speculation worker (which only pays where
-the draft runs beside the target; the shared setting has no room for it).
+with the answer), up to the planner's caps (8 and 16). Costs are timed here, for each prompt, in
+the middle of its answer (medians of 5 interleaved passes): the target's decode of 1 .. 17 tokens,
+the draft's step and catch-up reads, and the draft's reading of the prompt; before it drafts, the
+draft reads every token committed since it last drafted. The bound knows every round's outcome in
+advance, which no planner does. It leaves out what auto does beyond one proposer a round: a draft
+that reads the n-gram copy as its guess, and the pre-speculation worker (which pays only where the
+draft runs beside the target; with both models on every core there is no room for it).
 
 Printed and written (JSON), per prompt and category, as speedups over plain steps at the same
 prices: the bound, the bound with the draft model alone and with the n-gram copies alone, and
-fixed sd at k = 3 (llama.cpp's default; a peer that drafts like sd is about there). A goal above
-the bound cannot be met by any planning over these proposers on this device.
+fixed sd at k = 3 (llama.cpp's default; a peer that drafts like sd is about there), each with the
+draft's prompt read counted where the draft runs (as auto's decode counts it). A goal above the
+bound is out of reach of any plan of one proposer a round, at these prices, on this device.
 """
 
 from __future__ import annotations
