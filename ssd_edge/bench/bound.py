@@ -153,7 +153,8 @@ def measured_prices(engine, prefix: Sequence[int], most: int, passes: int = 5) -
 
 
 def measure_prompt(engine, prompt_id: str, category: str, messages, max_tokens: int,
-                   draft_cap: int, ngram_cap: int) -> PromptBound:
+                   draft_cap: int, ngram_cap: int) -> PromptBound | None:
+    """The bound on one prompt (None: an answer of fewer than 2 tokens leaves no rounds to plan)."""
     from ..events import FinishEvent
     from ..speculation.drafters import NgramDrafter
 
@@ -166,6 +167,8 @@ def measure_prompt(engine, prompt_id: str, category: str, messages, max_tokens: 
     # bench's decode tokens/s counts), after the history prompt + answer[0].
     history, out = prompt + answer[:1], answer[1:]
     n = len(out)
+    if n < 2:
+        return None
     kv = engine.draft_kv
     kv.truncate(0)
     t0 = time.perf_counter()
@@ -197,6 +200,21 @@ def geomean(xs: Sequence[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: 0 when done; an ssd-edge error prints one line and exits with its code (as
+    the ssd-edge command does), Ctrl-C with 130."""
+    from ..errors import SSDEdgeError
+
+    try:
+        return _main(argv)
+    except SSDEdgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssd_edge.bench.bound", description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True, help="target: a catalog name or a .gguf path")
     ap.add_argument("-md", "--model-draft", required=True, help="draft: a catalog name or a .gguf path")
@@ -218,12 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts)
     if args.category:
         prompts = [p for p in prompts if p.category in args.category.split(",")]
+        if not prompts:
+            print(f"error: no prompt of category {args.category}", file=sys.stderr)
+            return 2
     results: list[PromptBound] = []
     with Engine(config) as engine:
         engine.load_draft()
-        for p in prompts:
+        for i, p in enumerate(prompts, 1):
+            print(f"[{i}/{len(prompts)}] {p.id}: its answer, then the prices (about a minute)", file=sys.stderr,
+                  flush=True)
             r = measure_prompt(engine, p.id, p.category, p.messages, p.max_tokens or args.n_predict,
                                DRAFT_CAP, NGRAM_CAP)
+            if r is None:
+                print(f"{p.id}: an answer of fewer than 2 tokens, left out", flush=True)
+                continue
             results.append(r)
             print(f"{r.id:20s} {r.category:10s} step {r.step_ms:5.1f} ms, verify of 4 {r.verify4_ms / r.step_ms:.2f} "
                   f"steps, draft step {r.draft_step_ms:4.1f} ms, prompt read {r.prompt_read_ms:4.0f} ms")
