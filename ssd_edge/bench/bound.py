@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -195,10 +196,6 @@ def measure_prompt(engine, prompt_id: str, category: str, messages, max_tokens: 
                        round(plain / (fixed_sd_ms(n, prices, draft_runs, 3) + read_ms), 3), counts)
 
 
-def geomean(xs: Sequence[float]) -> float:
-    return float(np.exp(np.mean(np.log(xs)))) if xs else float("nan")
-
-
 def main(argv: list[str] | None = None) -> int:
     """The command line: 0 when done; an ssd-edge error prints one line and exits with its code (as
     the ssd-edge command does), Ctrl-C with 130."""
@@ -225,7 +222,7 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("-o", "--output", default=None, help="write the result here as JSON")
     args = ap.parse_args(argv)
 
-    from ..bench.run import load_prompts
+    from .run import load_prompts
     from ..config import EngineConfig, usable_cores
     from ..engine import Engine
     from ..planning.planner import DRAFT_CAP, NGRAM_CAP
@@ -256,7 +253,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"{'':31s} bound {r.bound_x:5.2f}x  draft alone {r.draft_only_x:5.2f}x  "
                   f"n-gram alone {r.ngram_only_x:5.2f}x  sd k=3 {r.sd3_x:5.2f}x  {r.rounds}", flush=True)
     cats = sorted({r.category for r in results})
-    summary = {c: {key: round(geomean([getattr(r, key) for r in results if r.category == c]), 3)
+    summary = {c: {key: round(statistics.geometric_mean([getattr(r, key) for r in results if r.category == c]), 3)
                    for key in ("bound_x", "draft_only_x", "ngram_only_x", "sd3_x")} for c in cats}
     for c, s in summary.items():
         print(f"{c:10s} bound {s['bound_x']:.2f}x  draft alone {s['draft_only_x']:.2f}x  "

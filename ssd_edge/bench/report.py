@@ -56,14 +56,15 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
 
 
 def _peer_row(setting: str, kind: str, k: int, category: str, runs: list[PeerRecord]) -> SummaryRow:
+    tokens = sum(r.tokens for r in runs)
     decode_s = sum(r.decode_s for r in runs)
     drafted = sum(r.drafted for r in runs)
     whole = sum(r.encode_s + r.decode_s for r in runs) if all(r.encode_s is not None for r in runs) else None
     return SummaryRow(
-        setting=setting, mode=peer_mode(k, kind), category=category, k=k, runs=len(runs), tokens=sum(r.tokens for r in runs),
-        tokens_per_s=sum(r.tokens for r in runs) / decode_s if decode_s else 0.0,
+        setting=setting, mode=peer_mode(k, kind), category=category, k=k, runs=len(runs), tokens=tokens,
+        tokens_per_s=tokens / decode_s if decode_s else 0.0,
         tokens_per_s_std=statistics.pstdev([r.tokens_per_s for r in runs]) if len(runs) > 1 else 0.0,
-        speedup_vs_ar=None, answer_tokens_per_s=sum(r.tokens for r in runs) / whole if whole else None,
+        speedup_vs_ar=None, answer_tokens_per_s=tokens / whole if whole else None,
         ttft_ms=None, latency_p50_ms=None, latency_p95_ms=None,
         acceptance=_ratio(sum(r.accepted for r in runs), drafted) if drafted else None, mean_accepted_len=None,
         hit_rate=None, draft_util=None, target_util=None, peak_rss_mib=None)
