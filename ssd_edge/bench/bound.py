@@ -219,11 +219,15 @@ def _main(argv: list[str] | None) -> int:
     ap.add_argument("--category", default=None, help="only these categories, comma-separated")
     ap.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per answer (default 128)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads of each model (default: all cores)")
-    ap.add_argument("-o", "--output", default=None, help="write the result here as JSON")
+    ap.add_argument("-o", "--output", default=None, help="write the result here as JSON (after each prompt, "
+                    "with \"complete\": false until the last)")
     args = ap.parse_args(argv)
+
+    from rich.console import Console
 
     from .run import load_prompts
     from ..config import EngineConfig, usable_cores
+    from ..progress import Progress
     from ..engine import Engine
     from ..planning.planner import DRAFT_CAP, NGRAM_CAP
 
@@ -236,35 +240,56 @@ def _main(argv: list[str] | None) -> int:
         if not prompts:
             print(f"error: no prompt of category {args.category}", file=sys.stderr)
             return 2
+    command = ["python", "-m", "ssd_edge.bench.bound", *(argv if argv is not None else sys.argv[1:])]
     results: list[PromptBound] = []
-    with Engine(config) as engine:
+    out = Path(args.output) if args.output else None
+    with Engine(config) as engine, Progress(Console(stderr=True)) as progress:
         engine.load_draft()
-        for i, p in enumerate(prompts, 1):
-            print(f"[{i}/{len(prompts)}] {p.id}: its answer, then the prices (about a minute)", file=sys.stderr,
-                  flush=True)
-            r = measure_prompt(engine, p.id, p.category, p.messages, p.max_tokens or args.n_predict,
-                               DRAFT_CAP, NGRAM_CAP)
-            if r is None:
-                print(f"{p.id}: an answer of fewer than 2 tokens, left out", flush=True)
-                continue
-            results.append(r)
-            print(f"{r.id:20s} {r.category:10s} step {r.step_ms:5.1f} ms, verify of 4 {r.verify4_ms / r.step_ms:.2f} "
-                  f"steps, draft step {r.draft_step_ms:4.1f} ms, prompt read {r.prompt_read_ms:4.0f} ms")
-            print(f"{'':31s} bound {r.bound_x:5.2f}x  draft alone {r.draft_only_x:5.2f}x  "
-                  f"n-gram alone {r.ngram_only_x:5.2f}x  sd k=3 {r.sd3_x:5.2f}x  {r.rounds}", flush=True)
-    cats = sorted({r.category for r in results})
-    summary = {c: {key: round(statistics.geometric_mean([getattr(r, key) for r in results if r.category == c]), 3)
-                   for key in ("bound_x", "draft_only_x", "ngram_only_x", "sd3_x")} for c in cats}
-    for c, s in summary.items():
+        task = progress.task("bound", total=len(prompts))
+        try:
+            for p in prompts:
+                task.begin(f"{p.id}: its answer, then the prices (about a minute)")
+                r = measure_prompt(engine, p.id, p.category, p.messages, p.max_tokens or args.n_predict,
+                                   DRAFT_CAP, NGRAM_CAP)
+                task.done()
+                if r is None:
+                    print(f"{p.id}: an answer of fewer than 2 tokens, left out", flush=True)
+                    continue
+                results.append(r)
+                print(f"{r.id:20s} {r.category:10s} step {r.step_ms:5.1f} ms, verify of 4 {r.verify4_ms / r.step_ms:.2f} "
+                      f"steps, draft step {r.draft_step_ms:4.1f} ms, prompt read {r.prompt_read_ms:4.0f} ms")
+                print(f"{'':31s} bound {r.bound_x:5.2f}x  draft alone {r.draft_only_x:5.2f}x  "
+                      f"n-gram alone {r.ngram_only_x:5.2f}x  sd k=3 {r.sd3_x:5.2f}x  {r.rounds}", flush=True)
+                if out is not None:  # after each prompt: Ctrl-C keeps the prompts done
+                    write_result(out, command, threads, results, complete=False)
+        except KeyboardInterrupt:
+            if out is not None and results:
+                print(f"kept {len(results)} of {len(prompts)} prompts in {out} (\"complete\": false)", file=sys.stderr)
+            raise
+    for c, s in summarize(results).items():
         print(f"{c:10s} bound {s['bound_x']:.2f}x  draft alone {s['draft_only_x']:.2f}x  "
               f"n-gram alone {s['ngram_only_x']:.2f}x  sd k=3 {s['sd3_x']:.2f}x  (geometric means over prompts)")
-    if args.output:
-        Path(args.output).write_text(json.dumps({
-            "command": ["python", "-m", "ssd_edge.bench.bound", *(argv if argv is not None else sys.argv[1:])],
-            "threads": threads,
-            "prompts": [asdict(r) for r in results], "summary": summary}, indent=1))
+    if out is not None:
+        write_result(out, command, threads, results, complete=True)
     return 0
 
+
+def summarize(results: Sequence[PromptBound]) -> dict[str, dict[str, float]]:
+    """Per category, the geometric means over its prompts of each speedup."""
+    cats = sorted({r.category for r in results})
+    return {c: {key: round(statistics.geometric_mean([getattr(r, key) for r in results if r.category == c]), 3)
+                for key in ("bound_x", "draft_only_x", "ngram_only_x", "sd3_x")} for c in cats}
+
+
+def write_result(path: Path, command: list[str], threads: int, results: Sequence[PromptBound], *,
+                 complete: bool) -> None:
+    """The JSON: the command, each prompt's bound and the summary; `complete` false while prompts are
+    still to come (written after each one, and left so by an interrupted run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"command": command, "threads": threads, "complete": complete,
+                               "prompts": [asdict(r) for r in results], "summary": summarize(results)}, indent=1))
+    tmp.replace(path)
 
 if __name__ == "__main__":
     sys.exit(main())

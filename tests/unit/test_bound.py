@@ -1,10 +1,11 @@
 """The oracle bound's arithmetic (bench/bound.py): plain numbers, no models."""
 
+import json
 import random
 
 import pytest
 
-from ssd_edge.bench.bound import Prices, best_ms, fixed_sd_ms, runs
+from ssd_edge.bench.bound import Prices, PromptBound, best_ms, fixed_sd_ms, runs, summarize, write_result
 
 FLAT = Prices(target=lambda n: 100.0 + 5.0 * (n - 1), draft=lambda n: 10.0 + 2.0 * (n - 1))   # memory-bound
 STEEP = Prices(target=lambda n: 100.0 * n, draft=lambda n: 10.0 * n)                          # compute-bound
@@ -80,3 +81,29 @@ def test_fixed_sd_drafts_k_each_round():
     # 9 tokens, k = 3, always right: rounds commit 4, 4, then the last token's round drafts 0
     ms = fixed_sd_ms(9, FLAT, [9 - i for i in range(9)], 3)
     assert ms == pytest.approx(2 * (3 * FLAT.draft(1) + FLAT.target(4)) + FLAT.target(1))
+
+
+def _bound(pid: str, category: str, x: float) -> PromptBound:
+    return PromptBound(pid, category, prompt_tokens=30, tokens=64, prompt_read_ms=100.0, step_ms=80.0,
+                       verify4_ms=150.0, draft_step_ms=14.0, bound_x=x, draft_only_x=x, ngram_only_x=1.0,
+                       sd3_x=x / 2, rounds={"draft": 10})
+
+
+def test_the_summary_is_the_geometric_mean_per_category():
+    s = summarize([_bound("a", "code", 1.0), _bound("b", "code", 4.0), _bound("c", "prose", 1.5)])
+    assert s == {"code": {"bound_x": 2.0, "draft_only_x": 2.0, "ngram_only_x": 1.0, "sd3_x": 1.0},
+                 "prose": {"bound_x": 1.5, "draft_only_x": 1.5, "ngram_only_x": 1.0, "sd3_x": 0.75}}
+
+
+def test_the_json_after_each_prompt_says_whether_more_were_to_come(tmp_path):
+    out = tmp_path / "sub" / "bound.json"
+    done = [_bound("a", "code", 2.0)]
+    write_result(out, ["python", "-m", "ssd_edge.bench.bound"], 2, done, complete=False)
+    partial = json.loads(out.read_text())
+    assert partial["complete"] is False and [p["id"] for p in partial["prompts"]] == ["a"]
+    assert partial["summary"]["code"]["bound_x"] == 2.0
+    done.append(_bound("b", "prose", 1.2))
+    write_result(out, ["python"], 2, done, complete=True)
+    final = json.loads(out.read_text())
+    assert final["complete"] is True and [p["id"] for p in final["prompts"]] == ["a", "b"]
+    assert not list(out.parent.glob("*.tmp"))  # written whole, then moved into place
