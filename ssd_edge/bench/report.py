@@ -297,27 +297,33 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         ax = axes[0][j]
         width = 0.8 / max(len(modes), 1)
         x = np.arange(len(cats))
+        top = 1.0
         for i, mode in enumerate(modes):
             vals = [(_get(rows, s, mode, c).speedup_vs_ar or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
             ax.bar(x + (i - (len(modes) - 1) / 2) * width, vals, width, label=mode)
+            top = max(top, *vals)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_ylim(0, top * 1.3)  # headroom: the legend sits above the bars, not on them
         ax.set_xticks(x, cats, rotation=20)
         ax.set_ylabel("decode speedup vs ar")
         ax.set_title(f"{s} ({_threads(result, s)} threads)")
-        ax.legend(fontsize=8, ncol=2)
+        ax.legend(fontsize=8, ncol=3, loc="upper left")
         ax = axes[1][j]
-        hit_modes = [m for m in ("ssd", "auto") if m in modes]
+        # a mode whose worker never prepared a round (auto with both models on every core) has no hit rate
+        hit_modes = [m for m in ("ssd", "auto") if m in modes
+                     and any((r := _get(rows, s, m, c)) is not None and r.hit_rate is not None for c in cats)]
         width = 0.8 / max(len(hit_modes) + 1, 1)
         for i, mode in enumerate(hit_modes):
             vals = [(_get(rows, s, mode, c).hit_rate or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
             ax.bar(x + (i - len(hit_modes) / 2) * width, vals, width, label=f"{mode} hit rate")
         acc = [(_get(rows, s, "sd", c).acceptance or 0.0) if _get(rows, s, "sd", c) else 0.0 for c in cats]
         ax.plot(x, acc, "ko-", label="sd acceptance")
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, 1.3)
         ax.set_xticks(x, cats, rotation=20)
         ax.set_ylabel("rate")
-        ax.set_title(f"{s}: pre-speculation hit rate")
-        ax.legend(fontsize=8)
+        ax.set_title(f"{s}: pre-speculation hit rate" if hit_modes
+                     else f"{s}: sd acceptance (no pre-speculation ran)")
+        ax.legend(fontsize=8, loc="upper left")
     target = next((m.name for m in result.models if m.role == "target"), "")
     fig.suptitle(f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
     fig.tight_layout()
