@@ -227,9 +227,9 @@ def _main(argv: list[str] | None) -> int:
 
     from .run import load_prompts
     from ..config import EngineConfig, usable_cores
-    from ..progress import Progress
     from ..engine import Engine
     from ..planning.planner import DRAFT_CAP, NGRAM_CAP
+    from ..progress import Progress
 
     threads = args.threads or usable_cores()
     config = EngineConfig.build(target={"path": args.model, "threads": threads},
@@ -290,6 +290,7 @@ def write_result(path: Path, command: list[str], threads: int, results: Sequence
     tmp.write_text(json.dumps({"command": command, "threads": threads, "complete": complete,
                                "prompts": [asdict(r) for r in results], "summary": summarize(results)}, indent=1))
     tmp.replace(path)
+
 
 if __name__ == "__main__":
     sys.exit(main())

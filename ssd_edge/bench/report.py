@@ -316,14 +316,15 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         for i, mode in enumerate(hit_modes):
             vals = [(_get(rows, s, mode, c).hit_rate or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
             ax.bar(x + (i - len(hit_modes) / 2) * width, vals, width, label=f"{mode} hit rate")
-        acc = [(_get(rows, s, "sd", c).acceptance or 0.0) if _get(rows, s, "sd", c) else 0.0 for c in cats]
-        ax.plot(x, acc, "ko-", label="sd acceptance")
+        if "sd" in modes:
+            acc = [(_get(rows, s, "sd", c).acceptance or 0.0) if _get(rows, s, "sd", c) else 0.0 for c in cats]
+            ax.plot(x, acc, "ko-", label="sd acceptance")
         ax.set_ylim(0, 1.3)
         ax.set_xticks(x, cats, rotation=20)
         ax.set_ylabel("rate")
-        ax.set_title(f"{s}: pre-speculation hit rate" if hit_modes
-                     else f"{s}: sd acceptance (no pre-speculation ran)")
-        ax.legend(fontsize=8, loc="upper left")
+        ax.set_title(f"{s}: pre-speculation hit rate" + ("" if hit_modes else " (no pre-speculation ran)"))
+        if hit_modes or "sd" in modes:
+            ax.legend(fontsize=8, loc="upper left")
     target = next((m.name for m in result.models if m.role == "target"), "")
     fig.suptitle(f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
     fig.tight_layout()
