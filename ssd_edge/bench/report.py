@@ -107,6 +107,11 @@ def _get(rows: list[SummaryRow], setting: str, mode: str, category: str) -> Summ
     return next((r for r in rows if (r.setting, r.mode, r.category) == (setting, mode, category)), None)
 
 
+def _cells(rows: list[SummaryRow], setting: str, mode: str, cats: list[str], field: str) -> list[float | None]:
+    """One field of a mode's rows, per category (None: no row, or the row has no such value)."""
+    return [getattr(r, field) if (r := _get(rows, setting, mode, c)) is not None else None for c in cats]
+
+
 # ---------------------------------------------------------------- goals
 
 # What auto must reach against ar where verifying is cheap (the memory-bound stand-in), per category
@@ -299,7 +304,7 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         x = np.arange(len(cats))
         top = 1.0
         for i, mode in enumerate(modes):
-            vals = [(_get(rows, s, mode, c).speedup_vs_ar or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
+            vals = [v or 0.0 for v in _cells(rows, s, mode, cats, "speedup_vs_ar")]
             ax.bar(x + (i - (len(modes) - 1) / 2) * width, vals, width, label=mode)
             top = max(top, *vals)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
@@ -310,14 +315,14 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         ax.legend(fontsize=8, ncol=3, loc="upper left")
         ax = axes[1][j]
         # a mode whose worker never prepared a round (auto with both models on every core) has no hit rate
-        hit_modes = [m for m in ("ssd", "auto") if m in modes
-                     and any((r := _get(rows, s, m, c)) is not None and r.hit_rate is not None for c in cats)]
+        hits = {m: _cells(rows, s, m, cats, "hit_rate") for m in ("ssd", "auto") if m in modes}
+        hit_modes = [m for m, cells in hits.items() if any(v is not None for v in cells)]
         width = 0.8 / max(len(hit_modes) + 1, 1)
         for i, mode in enumerate(hit_modes):
-            vals = [(_get(rows, s, mode, c).hit_rate or 0.0) if _get(rows, s, mode, c) else 0.0 for c in cats]
+            vals = [v or 0.0 for v in hits[mode]]
             ax.bar(x + (i - len(hit_modes) / 2) * width, vals, width, label=f"{mode} hit rate")
         if "sd" in modes:
-            acc = [(_get(rows, s, "sd", c).acceptance or 0.0) if _get(rows, s, "sd", c) else 0.0 for c in cats]
+            acc = [v or 0.0 for v in _cells(rows, s, "sd", cats, "acceptance")]
             ax.plot(x, acc, "ko-", label="sd acceptance")
         ax.set_ylim(0, 1.3)
         ax.set_xticks(x, cats, rotation=20)
