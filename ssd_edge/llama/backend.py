@@ -31,7 +31,8 @@ from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNot
                       VocabMismatchError)
 from ..interface import Aborted, ModelInfo, TextStream
 from ..memory import parse_buffers
-from .library import capture_log, gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, system_info
+from .library import (capture_log, gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, signals_held,
+                      system_info)
 from .rpc import probe
 from .rpc_guard import GUARD
 
@@ -94,7 +95,8 @@ class Model:
                 ptr = GUARD.call(f"loading {self.path.name}", self.endpoints, 10 * rpc_timeout_s,
                                 ll.llama_model_load_from_file, path_c, params)
             else:
-                ptr = ll.llama_model_load_from_file(path_c, params)
+                with signals_held():  # a Ctrl-C during the load would be lost in the log callback
+                    ptr = ll.llama_model_load_from_file(path_c, params)
         self.buffers = parse_buffers(lines)
         if not ptr:
             raise CorruptModelError(f"llama.cpp could not load {self.path} (truncated or corrupt GGUF?)")
@@ -267,7 +269,8 @@ class Context:
                 ptr = GUARD.call(f"creating a context for {model.path.name}", self._endpoints, self._timeout_s,
                                 ll.llama_init_from_model, model.ptr, params)
             else:
-                ptr = ll.llama_init_from_model(model.ptr, params)
+                with signals_held():
+                    ptr = ll.llama_init_from_model(model.ptr, params)
         self.buffers = parse_buffers(lines)
         if not ptr:
             kv = "" if cache_type_k == cache_type_v == "f16" else \

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import threading
 from contextlib import contextmanager
 from importlib import metadata
@@ -82,6 +83,27 @@ def capture_log() -> Iterator[list[str]]:
     finally:
         with _captures_lock:
             _captures[:] = [c for c in _captures if c is not lines]
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM during a long llama.cpp call (a model load, a context's creation) reach their
+    handlers when the block ends. Python runs a handler at the next Python code of the main thread, which
+    during a C call is the log callback (_write_log); ctypes prints and drops what a callback raises, so a
+    KeyboardInterrupt raised there would be lost. A no-op outside the main thread (no handler runs there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # to the handler restored above: KeyboardInterrupt, Terminated, ...
 
 
 def system_info() -> str:
