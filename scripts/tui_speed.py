@@ -104,7 +104,7 @@ def _new_session(name: str, size: tuple[int, int], command: str) -> None:
     _tmux("set-option", "-t", name, "status", "off")  # the whole window is the program's
 
 
-STATS = re.compile(r"(\d+) tokens · (—|[\d.]+)(?: tok/s)?")
+STATS = re.compile(r"(\d+) tokens? · (—|[\d.]+)(?: tok/s)?")
 
 
 def cli_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int) -> dict:

@@ -27,9 +27,11 @@ def stats_line(stats: Stats, state: str | None = None) -> Text:
 
     `state` is what ran last (LiveStats.state), shown when it differs from the mode,
     e.g. 'mode ssd (rolled-back)'. With nothing decoded after the first round there is no decode
-    speed: '1 tokens · — tok/s · 2.4 tok/s end to end · …'."""
+    speed: '1 token · — tok/s · 2.4 tok/s end to end · …'; with no token, no speed at all."""
     out = Text(style="dim")
-    out.append(f"{stats.tokens} tokens · {rate_text(stats)}")
+    out.append(f"{stats.tokens} token{'' if stats.tokens == 1 else 's'}")
+    if stats.tokens:
+        out.append(f" · {rate_text(stats)}")
     if stats.ttft_s is not None:
         out.append(f" · first token {stats.ttft_s:.2f} s")
     if stats.acceptance_rate is not None:

@@ -119,9 +119,10 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
         if not finish.text.endswith("\n") and (out.isatty() or same_file(out, sys.stderr)):
             out.write("\n")  # the stats line below starts a line of its own (a pipe gets the text exactly)
     out.flush()
-    if not quiet:
+    cancelled = finish.stop_reason == "cancelled"
+    if not quiet and not (cancelled and not finish.stats.tokens):  # stopped before a token: nothing to report
         err.print(stats_line(finish.stats, state), soft_wrap=True)
-    if finish.stop_reason == "cancelled":
+    if cancelled:
         err.print("[yellow]interrupted[/]" if sig.exit_code == EXIT_INTERRUPTED else "[yellow]terminated[/]")
         return sig.exit_code
     if finish.stop_reason == "context":

@@ -280,6 +280,12 @@ def test_generate_signal_mid_answer(fake_engine, sig, code, word):
     assert json.loads(out)["stop_reason"] == "cancelled" and json.loads(out)["text"] == "Speculation lets a"
 
 
+def test_generate_interrupted_before_a_token_says_only_so(fake_engine):
+    fake_engine.before_token = lambda i: os.kill(os.getpid(), signal.SIGINT) if i == 0 else None
+    code, out, err = run(["generate", "Explain speculation"])
+    assert code == 130 and out == "" and err.strip() == "interrupted"  # no "0 tokens · — tok/s" line
+
+
 def test_generate_decode_error_mid_answer_exits_6(fake_engine):
     def fail(i: int) -> None:
         if i == 2:

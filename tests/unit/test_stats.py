@@ -12,6 +12,7 @@ import pytest
 
 from ssd_edge.events import AutoStats, Round, Stats
 from ssd_edge.metrics import BranchTally, Meter, decode_rate
+from ssd_edge.stats_text import stats_line
 
 # The keys of FinishEvent.stats before it was typed (Meter.stats()'s dict plus the engine's "seed" and,
 # in mode auto, "auto"): JSON consumers read these.
@@ -119,6 +120,15 @@ def test_a_reply_with_nothing_after_its_first_round_has_no_decode_speed():
     stats = m.stats()
     assert stats.rounds == 2 and stats.tokens == stats.first_round_tokens == 1
     assert not stats.decoded and stats.tokens_per_s == stats.end_to_end_tokens_per_s
+
+
+def test_stats_line_counts_one_token_and_gives_no_speed_for_none():
+    one = Meter("ar", 0)
+    one.first_token()
+    one.record(Round(0, "ar", "none", None, 0, 0, 400.0, 400.0, 0.0), 1)
+    assert stats_line(one.stats()).plain.startswith("1 token · — tok/s · ")
+    assert stats_line(Meter("ar", 0).stats()).plain == "0 tokens · mode ar"
+    assert stats_line(ssd_meter().stats()).plain.startswith("7 tokens · ")
 
 
 def test_branch_tally_counts_what_two_threads_write_while_a_third_reads():
