@@ -181,6 +181,9 @@ def tui(*, flags: dict[str, Any]) -> None:
 
 def open_tui(flags: dict[str, Any]) -> None:
     with reported(flags):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):  # it would draw into a pipe and wait for keys
+            raise ConfigError("the terminal UI needs a terminal (stdin and stdout); use 'ssd-edge generate' "
+                              "or 'ssd-edge chat'")
         s = sources.with_hub_models(settings.resolve(flags))
         cfg = settings.engine_config(s)
         sources.check_pair(cfg.target.path, cfg.draft.path if cfg.draft else None, s.models_dir)

@@ -25,7 +25,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from ssd_edge import settings
-from ssd_edge.cli import commands as cli, loader, measuring
+from ssd_edge.cli import commands as cli, generation, loader, measuring
 from ssd_edge.cli.signals import Terminated
 from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMismatchError
 from ssd_edge.models import catalog
@@ -47,7 +47,7 @@ def run(args: list[str], input: str | bytes | None = None, tty: bool = False) ->
     """(exit code, stdout, stderr) of `ssd-edge ARGS`."""
     with CliRunner().isolation(input=input) as (out, err, _):
         if tty:
-            sys.stdin.isatty = lambda: True  # type: ignore[method-assign]
+            sys.stdin.isatty = sys.stdout.isatty = lambda: True  # type: ignore[method-assign]
         code = cli.run(args)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -336,21 +336,32 @@ def test_tui_gets_the_config_and_models_dir(monkeypatch, tmp_path):
     calls: list[Any] = []
     monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(
         run_app=lambda c, d, calibrate, max_tokens: calls.append((c, d, calibrate))))
-    code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"])
+    code, _, _ = run(["tui", "-m", "smollm2-135m", "--mode", "ar", "--models-dir", str(tmp_path), "-t", "2"], tty=True)
     assert code == 0
     cfg, models_dir, calibrate = calls[0]
     assert (cfg.target.path, cfg.mode, cfg.target.threads, models_dir) == ("smollm2-135m", "ar", 2, str(tmp_path))
     assert calibrate  # on first use of mode auto
     monkeypatch.setenv("SSD_EDGE_MODE", "lookup")
     monkeypatch.setenv("SSD_EDGE_NO_CALIBRATE", "1")
-    code, _, _ = run([])  # no command: the TUI, with settings from the environment
+    code, _, _ = run([], tty=True)  # no command: the TUI, with settings from the environment
     assert code == 0 and calls[1][0].mode == "lookup" and not calls[1][2]
 
 
 def test_tui_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "tui.app", None)
-    code, _, err = run(["tui"])
+    code, _, err = run(["tui"], tty=True)
     assert code == 1 and "the terminal app is not available" in one_error(err)
+
+
+@pytest.mark.parametrize("args", [["tui"], []])
+def test_the_tui_without_a_terminal_is_one_line_exit_2(monkeypatch, args):
+    monkeypatch.setattr(generation, "installed_face", lambda name: pytest.fail("the TUI was loaded"))
+    code, _, err = run(args)  # stdin and stdout are not terminals
+    assert code == 2 and one_error(err) == ("error: the terminal UI needs a terminal (stdin and stdout); "
+                                            "use 'ssd-edge generate' or 'ssd-edge chat'")
+    with CliRunner().isolation():
+        sys.stdin.isatty = lambda: True  # type: ignore[method-assign]
+        assert cli.run(args) == 2  # a terminal on stdin only: stdout is still a pipe
 
 
 def test_the_tui_is_found_by_its_entry_point_not_an_import(monkeypatch):
@@ -363,7 +374,7 @@ def test_the_tui_is_found_by_its_entry_point_not_an_import(monkeypatch):
     assert [ep.value for ep in entry_points(group="ssd_edge.faces") if ep.name == "tui"] == ["tui.app:run_app"]
     monkeypatch.setattr(generation, "entry_points", lambda group: [])
     for args in (["tui"], []):
-        code, _, err = run(args)
+        code, _, err = run(args, tty=True)
         assert code == 1 and one_error(err) == ("error: the terminal app is not available (no entry point 'tui' in "
                                                 "group ssd_edge.faces: reinstall with scripts/setup.sh); "
                                                 "`ssd-edge chat` works without it")
@@ -438,7 +449,7 @@ def test_n_means_tokens_per_generation_in_every_command(monkeypatch, bench_args,
     tui_calls: list[int] = []
     monkeypatch.setitem(sys.modules, "tui.app", types.SimpleNamespace(
         run_app=lambda c, d, calibrate, max_tokens: tui_calls.append(max_tokens)))
-    assert run(["tui", "-n", "5"])[0] == 0 and run(["tui"])[0] == 0
+    assert run(["tui", "-n", "5"], tty=True)[0] == 0 and run(["tui"], tty=True)[0] == 0
     assert tui_calls == [5, 512]
 
     import ssd_edge.server.runner as runner

@@ -106,7 +106,7 @@ def test_rpc_reaches_the_tui(tmp_path, monkeypatch):
 
     real_run = App.run
     monkeypatch.setattr(SSDEdgeApp, "run", lambda self, **kw: real_run(self, headless=True, auto_pilot=user))
-    code, _, err = run(["tui", "-m", gguf, "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"])
+    code, _, err = run(["tui", "-m", gguf, "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"], tty=True)
     assert shown and f"rpc server 127.0.0.1:{port} is unreachable" in shown[0], shown
     assert code == RPCError.exit_code, err
 
