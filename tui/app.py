@@ -41,7 +41,7 @@ from ssd_edge.models.catalog import load_catalog
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
-from .cores import EngineThread, yield_to_the_engine
+from .cores import EngineThread, urgent_keys_driver, yield_to_the_engine
 from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .keys import KEYS
 from .live import LiveModel, finish_note
@@ -89,11 +89,15 @@ class SSDEdgeApp(App[int]):
     def __init__(self, config: EngineConfig, *, models_dir: str | None = None,
                  engine_factory: EngineFactory = default_engine_factory, clock: Callable[[], float] = time.time,
                  pull: Callable[..., Any] = catalog.pull, max_tokens: int = 512,
-                 engine_thread: EngineThread | None = None) -> None:
+                 engine_thread: EngineThread | None = None, below_engine: bool = False) -> None:
         super().__init__()
         # the engine is built and generates on this thread alone (tui/cores.py: run_app starts it at
-        # the process's priority, then lowers the UI thread below it)
+        # the process's priority; below_engine: the UI thread lowers itself below it once mounted, and
+        # the driver's input thread, left at the engine's priority, acts on Esc and Ctrl+Q at once)
         self.engine_thread = engine_thread or EngineThread()
+        self._below_engine = below_engine
+        if below_engine:
+            self.driver_class = urgent_keys_driver(self.driver_class, self.urgent_key)
         self._owns_engine_thread = engine_thread is None
         self.config, self.models_dir = config, models_dir
         self.engine_factory, self.clock, self.pull = engine_factory, clock, pull
@@ -137,6 +141,10 @@ class SSDEdgeApp(App[int]):
         yield Footer()
 
     def on_mount(self) -> None:
+        if self._below_engine:  # the driver's threads run by now: its input thread keeps its priority
+            writer = getattr(self._driver, "_writer_thread", None)
+            lowered = yield_to_the_engine(*([writer] if isinstance(writer, threading.Thread) else []))
+            logging.getLogger(__name__).info("leaving the model its cores: %s", lowered)
         self.fit_panel(self.size.width)
         self.show_chat(self.chat)
         self.query_one(LivePanel).show_live(self.live)
@@ -453,8 +461,19 @@ class SSDEdgeApp(App[int]):
             return True
         return False
 
+    def urgent_key(self, key: str) -> None:
+        """On the driver's input thread, at the engine's priority, as each key is read: Esc (with no
+        dialog open) and Ctrl+Q stop the reply and a pull now, where the UI thread, below the engine,
+        could take seconds to get a core (tui/cores.py). Only Events are set here; the app then
+        handles the key as usual (action_stop, action_quit)."""
+        if key == "escape" and self.phase == "generating" and len(self.screen_stack) == 1:
+            self.cancel.set()
+        elif key == "ctrl+q":
+            self.cancel.set()
+            self.pull_cancel.set()
+
     def action_stop(self) -> None:
-        if self.phase == "generating" and not self.cancel.is_set():
+        if self.phase == "generating":  # (the cancel may be set already: urgent_key)
             self.cancel.set()
             self.set_status("Stopping…")
 
@@ -566,11 +585,10 @@ def run_app(config: EngineConfig, models_dir: str | None = None, calibrate: bool
     device the first time mode auto meets the model pair (see calibrating_engine_factory);
     max_tokens: the most tokens a reply may have (-n; the settings dialog changes it)."""
     engine_thread = EngineThread()  # at this process's priority, before the UI thread lowers its own
-    lowered = yield_to_the_engine()
     app = SSDEdgeApp(config, models_dir=models_dir, max_tokens=max_tokens, engine_thread=engine_thread,
-                     engine_factory=calibrating_engine_factory if calibrate else default_engine_factory)
+                     engine_factory=calibrating_engine_factory if calibrate else default_engine_factory,
+                     below_engine=True)
     with logs_to_file():
-        logging.getLogger(__name__).info("leaving the model its cores: %s", lowered)
         try:
             app.run()
         finally:

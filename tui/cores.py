@@ -20,6 +20,13 @@ generating, and every thread those start: llama.cpp's OpenMP team, the pre-specu
 runs on one `EngineThread`, started before the UI thread lowers itself; the app's worker threads
 only wait on it. Closing the engine needs no priority and runs wherever it is asked.
 
+A thread below the engine runs only where a core would otherwise idle, and on 2 cores a decode
+leaves few such moments: a key that must act at once would wait seconds for the UI thread (Esc
+stopped a reply after 5-8 s of `ar` on 2 cores). So the UI lowers itself only once Textual's driver
+runs (the app's mount), and lowers the driver's writer thread with it; the driver's input thread,
+started before, keeps the process's priority, and `urgent_keys_driver` has it act on the keys that
+stop work (Esc, Ctrl+Q) the moment they are read, before the UI thread sees them.
+
 Only `run_app` (the real terminal) lowers the UI thread: the app driven in process (Textual's
 Pilot, the tests, scripts/tui_speed.py pilot) keeps its caller's priority, so nothing outside the
 TUI ever inherits it.
@@ -30,12 +37,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
+
+from textual import events
+from textual.driver import Driver
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+D = TypeVar("D", bound=Driver)
 
 
 class EngineThread:
@@ -56,28 +68,48 @@ class EngineThread:
 SWITCH_INTERVAL_S = 0.0005  # the interpreter lock's switch interval in the TUI's process (Python's default: 0.005)
 
 
-def yield_to_the_engine() -> str:
-    """What run_app does before the app starts, on the UI thread: lower it (lower_this_thread) and
-    shorten the lock's switch interval. Returns what it did, for the log."""
+def yield_to_the_engine(*others: threading.Thread) -> str:
+    """What the app does once its driver runs, on the UI thread: lower it (lower_this_thread) and the
+    `others` (the driver's writer thread), and shorten the lock's switch interval. Returns what it
+    did, for the log."""
     lowered = lower_this_thread()
+    for thread in others:
+        if thread.native_id is not None:
+            lower_this_thread(thread_id=thread.native_id)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     return f"UI thread {lowered or 'at its priority'}, switch interval {SWITCH_INTERVAL_S * 1e3:g} ms"
+
+
+def urgent_keys_driver(base: type[D], urgent: Callable[[str], None]) -> type[D]:
+    """Textual driver class `base`, whose input thread calls urgent(key) with every key it reads
+    before passing the key on to the app as usual (the app acts on it again, in its own time).
+    urgent runs on that thread: it may only do what is thread-safe (set an Event)."""
+
+    class UrgentKeys(base):  # type: ignore[valid-type,misc]
+        def process_message(self, message: Any) -> None:
+            if isinstance(message, events.Key):
+                urgent(message.key)
+            super().process_message(message)
+
+    UrgentKeys.__name__ = UrgentKeys.__qualname__ = f"UrgentKeys{base.__name__}"
+    return UrgentKeys
 
 
 PRIORITY_ENV = "SSD_EDGE_TUI_PRIORITY"  # idle (the default), nice:N (1-19), or normal
 
 
-def lower_this_thread(how: str | None = None) -> str | None:
-    """Put the calling thread below the engine's: `idle` is Linux's SCHED_IDLE (it runs when a core
-    would otherwise idle), falling back to nice 19; `nice:N` a nice value; `normal` leaves it as it
-    is. Default: $SSD_EDGE_TUI_PRIORITY, else idle. Only where the OS has per-thread priorities
-    (Linux); elsewhere they would lower the whole process, the engine with it. Returns what it did."""
+def lower_this_thread(how: str | None = None, *, thread_id: int = 0) -> str | None:
+    """Put the calling thread (or the thread of native id `thread_id`) below the engine's: `idle` is
+    Linux's SCHED_IDLE (it runs when a core would otherwise idle), falling back to nice 19; `nice:N`
+    a nice value; `normal` leaves it as it is. Default: $SSD_EDGE_TUI_PRIORITY, else idle. Only where
+    the OS has per-thread priorities (Linux); elsewhere they would lower the whole process, the
+    engine with it. Returns what it did."""
     how = (how or os.environ.get(PRIORITY_ENV) or "idle").strip().lower()
     if how == "normal" or not sys.platform.startswith("linux"):
         return None
     if how == "idle":
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(thread_id, os.SCHED_IDLE, os.sched_param(0))
             return "SCHED_IDLE"
         except (AttributeError, OSError) as e:
             log.debug("SCHED_IDLE refused (%s): trying nice 19", e)
@@ -88,7 +120,7 @@ def lower_this_thread(how: str | None = None) -> str | None:
         log.warning("%s=%r is not idle, nice:N or normal: the UI thread's priority stays as it is", PRIORITY_ENV, how)
         return None
     try:
-        os.setpriority(os.PRIO_PROCESS, 0, max(0, min(19, nice)))  # Linux: the calling thread alone
+        os.setpriority(os.PRIO_PROCESS, thread_id, max(0, min(19, nice)))  # Linux: that thread alone
         return f"nice {max(0, min(19, nice))}"
     except OSError as e:
         log.info("the UI thread's priority stays as it is: %s", e)

@@ -63,6 +63,34 @@ async def test_escape_stops_generation_and_keeps_what_was_shown(chats):
     assert saved["messages"][1]["content"] == shown
 
 
+async def test_esc_and_ctrl_q_stop_the_reply_from_the_input_thread(chats):
+    """Below the engine (tui/cores.py) the UI thread may wait seconds for a core, so the driver's input
+    thread stops the reply itself as it reads Esc (urgent_key); Esc in a dialog only closes the dialog."""
+    gate = threading.Event()  # never set: the fake waits after its first round until cancelled
+
+    def from_the_input_thread(key: str) -> None:
+        t = threading.Thread(target=app.urgent_key, args=(key,))
+        t.start()
+        t.join()
+
+    app = make_app(factory(gate=gate))
+    async with app.run_test(size=SIZE) as pilot:
+        await send(pilot, app, "go", finish=False)
+        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        from_the_input_thread("escape")
+        assert not app.cancel.is_set()                 # Esc belongs to the dialog: the reply goes on
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
+        from_the_input_thread("escape")
+        assert app.cancel.is_set()                     # stopped before the UI thread saw the key
+        await wait_for(pilot, lambda: app.phase == "ready")
+        assert app.reply.note.startswith("stopped")
+        from_the_input_thread("ctrl+q")                # nothing runs: quitting sets both stops anyway
+        assert app.cancel.is_set() and app.pull_cancel.is_set()
+
+
 async def test_gauges_follow_the_events():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tui.cores import EngineThread, lower_this_thread
+from tui.cores import EngineThread, lower_this_thread, urgent_keys_driver, yield_to_the_engine
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
 
@@ -95,7 +95,7 @@ def test_engine_thread_returns_results_and_raises_errors_where_called():
 
 
 def test_yield_to_the_engine_lowers_the_ui_thread_and_shortens_the_switch_interval():
-    from tui.cores import SWITCH_INTERVAL_S, yield_to_the_engine
+    from tui.cores import SWITCH_INTERVAL_S
 
     before = sys.getswitchinterval()
     try:
@@ -104,3 +104,37 @@ def test_yield_to_the_engine_lowers_the_ui_thread_and_shortens_the_switch_interv
         assert said.startswith("UI thread SCHED_IDLE") or said.startswith("UI thread nice 19")
     finally:
         sys.setswitchinterval(before)
+
+
+def test_yield_to_the_engine_lowers_the_threads_it_is_given_and_no_other():
+    stop = threading.Event()
+    writer, spared = threading.Thread(target=stop.wait), threading.Thread(target=stop.wait)
+    writer.start()
+    spared.start()
+    before = sys.getswitchinterval()
+    try:
+        in_thread(lambda: yield_to_the_engine(writer))
+        lowered = lambda t: (os.sched_getscheduler(t.native_id) == os.SCHED_IDLE  # noqa: E731
+                             or os.getpriority(os.PRIO_PROCESS, t.native_id) == 19)
+        assert lowered(writer) and not lowered(spared)
+    finally:
+        stop.set()
+        writer.join()
+        spared.join()
+        sys.setswitchinterval(before)
+
+
+def test_the_urgent_keys_driver_hands_each_key_over_then_passes_every_message_on():
+    from textual import events
+
+    seen, passed = [], []
+
+    class Base:  # stands for Textual's driver: only process_message matters here
+        def process_message(self, message):
+            passed.append(message)
+
+    driver = urgent_keys_driver(Base, seen.append)()
+    key, paste = events.Key("escape", None), events.Paste("text")
+    driver.process_message(key)
+    driver.process_message(paste)
+    assert seen == ["escape"] and passed == [key, paste]
