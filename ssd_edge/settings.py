@@ -275,16 +275,22 @@ def resolve(flags: Mapping[str, Any], env: Mapping[str, str] | None = None) -> S
 
 # ---------------------------------------------------------------- EngineConfig
 
+def model_pair(model: str | None, model_draft: str | None, models_dir: Path | None,
+               no_draft: bool = False) -> tuple[str, str | None]:
+    """(target, draft): -m, else the catalog's default target; -md, else the catalog's default draft (its
+    q4_0 variant once derived) beside the default target only (it shares that vocabulary), else none."""
+    cat = load_catalog()
+    target = model or cat.default_target
+    if no_draft:
+        return target, None
+    if model_draft:
+        return target, model_draft
+    return target, default_draft(models_dir) if target == cat.default_target else None
+
+
 def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     """The EngineConfig the settings describe; ConfigError names the flag at fault."""
-    cat = load_catalog()
-    target = s["model"] or cat.default_target
-    if s["no_draft"]:
-        draft = None
-    elif s["model_draft"]:
-        draft = s["model_draft"]
-    else:
-        draft = default_draft(s.models_dir) if target == cat.default_target else None
+    target, draft = model_pair(s["model"], s["model_draft"], s.models_dir, bool(s["no_draft"]))
     mode = s["mode"] or "auto"
     if mode not in MODES:
         raise s.invalid("mode", "choose one of " + ", ".join(MODES))

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from ..config import EngineConfig
@@ -224,23 +225,28 @@ def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> pro
 # ---------------------------------------------------------------- CLI
 
 def default_pair(model: str | None, model_draft: str | None, models_dir: str | None) -> tuple[str, str]:
-    """The pair to measure: the flags', else the catalog's default target and default draft (its q4_0
-    variant once derived)."""
-    from ..models.catalog import load_catalog
+    """The pair to measure, chosen as generate chooses it (settings.model_pair): the flags', else the
+    catalog's default target, and its default draft (its q4_0 variant once derived) beside it only."""
+    from ..settings import model_pair
 
-    if model and model_draft:
-        return model, model_draft
-    from ..models.derive import default_draft
+    target, draft = model_pair(model, model_draft, Path(models_dir) if models_dir else None)
+    if draft is None:
+        from ..models import vocab
+        from ..models.catalog import resolve_model
 
-    return model or load_catalog().default_target, model_draft or default_draft(models_dir)
+        vocab.read(resolve_model(target, models_dir))  # a -m that is no GGUF file is named first, as generate does
+        raise ConfigError(f"{target} has no default draft (only the catalog's default target has one): "
+                          "give its draft with -md/--model-draft")
+    return target, draft
 
 
 def _print(p: prof.Profile, path, console) -> None:
     from rich.table import Table
 
     console.print(f"[bold]{p.target.name}[/] + draft [bold]{p.draft.name if p.draft else '-'}[/] on "
-                  f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s")
-    console.print(f"profile: {path}")
+                  f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s",
+                  soft_wrap=True)  # names and paths whole on one line, also in a pipe (rich wraps at 80 there)
+    console.print(f"profile: {path}", soft_wrap=True)
     cols = sorted({n for n in (1, 2, 4, 8, p.k_max + 1) if n <= p.k_max + 1})
     t = Table(title="ms per llama_decode of n tokens, each model alone; slowdown x beside the other model")
     t.add_column("t+d")
@@ -278,6 +284,7 @@ def main(model: str | None = None, model_draft: str | None = None, models_dir: s
     """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one)."""
     from rich.console import Console
 
+    from ..models import vocab
     from ..models.catalog import resolve_model
     from ..progress import Progress as Report
 
@@ -292,6 +299,7 @@ def main(model: str | None = None, model_draft: str | None = None, models_dir: s
     target, draft = default_pair(model, model_draft, models_dir)
     target_path = resolve_model(target, models_dir)
     draft_path = resolve_model(draft, models_dir)
+    vocab.check(target_path, draft_path)  # GGUF files whose vocabularies fit, as generate checks before loading
     if show:
         p = prof.load(target_path, draft_path)
         if p is None:

@@ -29,8 +29,8 @@ same here.
 [bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 130 interrupted (Ctrl-C) \
 · 143 terminated (SIGTERM)."""
 
-_DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default: the catalog's default draft, as its q4_0 "
-                  "variant once derived)")
+_DEFAULT_DRAFT = ("draft model: a catalog name or a .gguf path (default, for the catalog's default target only: "
+                  "the catalog's default draft, as its q4_0 variant once derived)")
 BENCH_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "draft_max", "ctx_size", "temp", "seed",
                  "no_calibrate", "rpc", "verbose", "debug"]
 BENCH_HELP = {

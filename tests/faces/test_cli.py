@@ -31,6 +31,7 @@ from ssd_edge.errors import CorruptModelError, DecodeError, FetchError, VocabMis
 from ssd_edge.models import catalog
 from ssd_edge.models.catalog import Catalog, CatalogModel, PartSpec
 from ssd_edge.progress import Progress
+import tiny_gguf
 from test_chat import REPLY, one_word_engine
 
 
@@ -489,9 +490,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
 def test_calibrate_reports_plain_progress_lines_when_piped(monkeypatch, tmp_path):
     import ssd_edge.bench.calibrate as calibrate
 
-    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    t.write_bytes(b"GGUF" + b"\0" * 12)
-    d.write_bytes(b"GGUF" + b"\0" * 8)
+    t, d = (tiny_gguf.write(tmp_path / name, tiny_gguf.tokens(100)) for name in ("t.gguf", "d.gguf"))
     closed: list[bool] = []
     monkeypatch.setattr(calibrate, "Engine", lambda cfg: types.SimpleNamespace(close=lambda: closed.append(True)))
 
@@ -514,9 +513,7 @@ def test_calibrate_show_prints_the_saved_profile_and_what_it_means(monkeypatch, 
     from ssd_edge.planning import profile as prof
 
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))
-    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
-    t.write_bytes(b"GGUF" + b"\0" * 12)
-    d.write_bytes(b"GGUF" + b"\0" * 8)
+    t, d = (tiny_gguf.write(tmp_path / name, tiny_gguf.tokens(100)) for name in ("t.gguf", "d.gguf"))
     monkeypatch.setattr(prof, "device_info", lambda: prof.DeviceInfo(machine="x86_64", cpu="fake", cores=2,
                                                                      llama_cpp_python="0.3.36"))
     code, out, err = run(["calibrate", "--show", "-m", str(t), "-md", str(d)])
@@ -533,12 +530,30 @@ def test_calibrate_show_prints_the_saved_profile_and_what_it_means(monkeypatch, 
                                        n_ctx=1024)))
     code, out, err = run(["calibrate", "--show", "-m", str(t), "-md", str(d)])
     assert code == 0, err
+    assert f"profile: {prof.profile_path(prof.device_info(), prof.ModelId.of(t), prof.ModelId.of(d))}\n" in out  # one line
     assert ("memory while calibrating (both models, a context of 1024 tokens): 1.34 GiB: 1 GiB target weights · "
             "1 MiB target KV · 300 MiB compute · 50 MiB other") in " ".join(out.split())
     assert "verifying 4 tokens costs 4.0 steps here: compute-bound" in " ".join(out.split())
     assert "the two models take turns" in " ".join(out.split())
     code, out, _ = run(["calibrate", "--show", "--json", "-m", str(t), "-md", str(d)])
     assert code == 0 and json.loads(out)["costs"][0]["target_overlap"] == 1.3
+
+
+def test_calibrate_picks_the_pair_as_generate_does(tmp_path):
+    """The default draft goes with the default target only; a file that is no GGUF is a model error (exit 3),
+    a draft that does not fit is refused from the headers: before any profile is looked up or measured."""
+    text = tmp_path / "notes.txt"
+    text.write_text("root:x:0:0")
+    small = tiny_gguf.write(tmp_path / "small.gguf", tiny_gguf.tokens(100))
+    other = tiny_gguf.write(tmp_path / "other.gguf", tiny_gguf.tokens(300), tokenizer="llama")
+    for args in (["calibrate", "--show"], ["calibrate"]):
+        code, _, err = run([*args, "-m", str(small)])
+        assert code == 2 and one_error(err) == (f"error: {small} has no default draft (only the catalog's default "
+                                                "target has one): give its draft with -md/--model-draft")
+        code, _, err = run([*args, "-m", str(text)])
+        assert code == 3 and "is not a GGUF file" in one_error(err)
+        code, _, err = run([*args, "-m", str(small), "-md", str(other)])
+        assert code == 3 and "does not fit" in one_error(err)
 
 
 # ---------------------------------------------------------------- models (tiny fake catalog)
