@@ -23,8 +23,9 @@ from .signals import EXIT_INTERRUPTED, EXIT_TERMINATED, Terminated
 @with_options(FILE_OPTIONS)
 def models_list(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document (models_dir, and per model: "
-                                           "name, role, default, derived, size in bytes, present, problem, file, "
-                                           "path)")] = False,
+                                           "name, role, default, derived, stand_in, size in bytes, present, "
+                                           "problem, file, path; a Hub model also repo, quant, commit, files)")
+                        ] = False,
     *, flags: dict[str, Any],
 ) -> None:
     """Catalog models: name, role, size, whether a verified copy is here, and its file."""

@@ -33,24 +33,29 @@ def problem(m: catalog.CatalogModel, path: Path) -> str | None:
 
 def models_listing(cat: catalog.Catalog, models_dir: Path) -> list[dict[str, Any]]:
     """One entry per catalog model, per variant `models derive-draft` made here, and per model pulled
-    from the Hugging Face Hub (role "hub"; `models list --json`)."""
+    from the Hugging Face Hub (role "hub"; `models list --json`). "default" marks the models a command
+    runs without -m/-md: the default target, and the default draft's q4_0 variant once derived."""
+    from .derive import default_draft
+
+    defaults = {cat.default_target, default_draft(models_dir)}
     out: list[dict[str, Any]] = []
     for m in cat.models:
         path = catalog.model_path(m, models_dir)
         trouble = problem(m, path)
-        out.append({"name": m.name, "role": m.role, "default": m.name in (cat.default_target, cat.default_draft),
-                    "derived": False, "size": m.size, "present": trouble is None,
+        out.append({"name": m.name, "role": m.role, "default": m.name in defaults, "derived": False,
+                    "stand_in": False, "size": m.size, "present": trouble is None,
                     "problem": None if trouble in (None, "missing") else trouble, "file": m.file, "path": str(path)})
         for kind in catalog.DERIVED_KINDS:
             path = catalog.derived_path(m, kind, models_dir)
             if path.exists():
-                out.append({"name": f"{m.name}:{kind}", "role": m.role, "default": False, "derived": True,
+                name = f"{m.name}:{kind}"
+                out.append({"name": name, "role": m.role, "default": name in defaults, "derived": True,
                             "stand_in": catalog.is_stand_in(m, kind),
                             "size": path.stat().st_size, "present": True, "problem": None, "file": path.name,
                             "path": str(path)})
     for h in hub.cached_models(models_dir):
-        out.append({"name": h.name, "role": "hub", "default": False, "derived": False, "size": h.size,
-                    "present": True, "problem": None, "file": h.path.name, "path": str(h.path),
+        out.append({"name": h.name, "role": "hub", "default": False, "derived": False, "stand_in": False,
+                    "size": h.size, "present": True, "problem": None, "file": h.path.name, "path": str(h.path),
                     "repo": h.repo, "quant": h.quant, "commit": h.commit, "files": len(h.files)})
     return out
 
@@ -60,8 +65,8 @@ def models_table(listing: list[dict[str, Any]]) -> Table:
     for col in ("name", "role", "size", "present", "file"):
         table.add_column(col, justify="right" if col == "size" else "left", overflow="fold")
     for e in listing:
-        role = e["role"] + (", stand-in for measuring, not for use" if e.get("stand_in") else ", derived"
-                            if e["derived"] else " (default)" if e["default"] else "")
+        role = e["role"] + (", stand-in for measuring, not for use" if e["stand_in"] else ", derived"
+                            if e["derived"] else "") + (" (default)" if e["default"] else "")
         present = "[green]yes[/]" if e["present"] else f"[red]{e['problem']}[/]" if e["problem"] else "[dim]no[/]"
         table.add_row(e["name"], role, f"{e['size'] / 1e6:,.0f} MB", present, e["file"])
     return table

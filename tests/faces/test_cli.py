@@ -702,6 +702,21 @@ def test_models_list_json_is_one_document(index, tmp_path):
     assert (b["name"], b["present"], b["problem"]) == ("tiny-b", False, "wrong size (4 of 704 bytes)")
 
 
+def test_models_list_marks_the_draft_that_runs_as_default(index, tmp_path):
+    """Once `models derive-draft` made the default draft's q4_0 variant, that variant is what runs without -md."""
+    run(["models", "pull", "--models-dir", str(tmp_path)])
+    (tmp_path / "tiny-b.q4_0.gguf").write_bytes(b"GGUF" + b"\0" * 500)
+    (tmp_path / "tiny-b.q4_0.gguf.json").write_text("{}")
+    code, out, _ = run(["models", "list", "--json", "--models-dir", str(tmp_path)])
+    assert code == 0
+    models = {m["name"]: m for m in json.loads(out)["models"]}
+    assert {n for n, m in models.items() if m["default"]} == {"tiny-a", "tiny-b:q4_0"}
+    assert all(m["stand_in"] is False for m in models.values())  # every entry carries the key
+    _, out, _ = run(["models", "list", "--models-dir", str(tmp_path)])
+    rows = {line.split()[1]: line for line in out.splitlines() if "tiny-" in line}
+    assert "draft, derived (default)" in rows["tiny-b:q4_0"] and "(default)" not in rows["tiny-b"]
+
+
 def test_models_list_piped_keeps_each_row_on_one_line(index, tmp_path):
     deep = tmp_path / ("a-folder-name-long-enough-to-push-the-table-past-eighty-columns" * 2)
     run(["models", "pull", "tiny-a", "--models-dir", str(deep)])
