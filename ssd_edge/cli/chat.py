@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from .. import paths, settings
 from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
+from ..planning.planner import FIXED_K, MENUS
 from ..stats_text import stats_line, stats_table
 from .signals import EXIT_TERMINATED, CancelOnSignal
 
@@ -108,6 +109,16 @@ def stream_reader(stream: TextIO, console: Console, echo: bool = True) -> Reader
             console.print(Text.assemble((prompt, "bold cyan"), line))
         return line
     return read
+
+
+def k_text(mode: str, k: int | None) -> str | None:
+    """The draft length as `mode` runs it: -k when given; else "auto" where the planner chooses each round's
+    (mode auto), the fixed modes' FIXED_K (sd, lookup, ssd), and nothing for ar, which drafts nothing."""
+    if k is not None:
+        return str(k)
+    if mode == "ar":
+        return None
+    return "auto" if MENUS[mode].planned else str(FIXED_K)
 
 
 class ChatSession:
@@ -275,7 +286,8 @@ class ChatSession:
 
     def _settings_text(self) -> str:
         cfg = self.engine.config
-        return f"mode {cfg.mode} · k {cfg.spec.k_label} · temp {cfg.sampling.temperature:g}"
+        k = k_text(cfg.mode, cfg.spec.k)
+        return f"mode {cfg.mode}{f' · k {k}' if k else ''} · temp {cfg.sampling.temperature:g}"
 
     def _set(self, command: str, arg: str, parse: Callable[[str], Any], setting: str) -> bool:
         """Show the settings, or parse `arg` and hand it to engine.configure(setting=...)."""

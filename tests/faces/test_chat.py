@@ -75,6 +75,14 @@ def test_slash_commands_change_settings():
     assert "mode ar · k 6 · temp 0.3" in out
 
 
+def test_the_settings_line_says_the_draft_length_each_mode_runs():
+    engine = one_word_engine()
+    code, out, _ = chat(engine, "/mode sd\n/mode auto\n/mode ar\n")
+    assert code == 0
+    assert "mode sd · k 3 · temp 0" in out  # FIXED_K without -k, not "auto"
+    assert "mode auto · k auto · temp 0" in out and "mode ar · temp 0" in out  # ar drafts nothing
+
+
 @pytest.mark.parametrize("line,message", [
     ("/temp -1", "error: /temp -1: must be at least 0"),
     ("/k 0", "error: /k 0: must be at least 1"),
