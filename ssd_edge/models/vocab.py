@@ -43,8 +43,9 @@ class Vocab:
     tokens: tuple[bytes, ...] = field(repr=False, compare=False)
 
     def label(self) -> str:
-        """'qwen2 vocabulary of 151,936 tokens #9c1e2f3a', the words an error names a vocabulary by."""
-        kind = self.pre or self.tokenizer
+        """'qwen2 vocabulary of 151,936 tokens #9c1e2f3a', the words an error names a vocabulary by: the
+        pre-tokenizer's name, else the tokenizer's ("default", llama.cpp's placeholder, names nothing)."""
+        kind = self.pre if self.pre and self.pre != "default" else self.tokenizer
         return f"{kind} vocabulary of {self.size:,} tokens #{self.digest[:8]}"
 
 
@@ -162,7 +163,7 @@ class Fit:
 def fit(target: Vocab, draft: Vocab) -> Fit:
     """Whether `draft` can propose tokens for `target` (see the module's docstring for the rule)."""
     if target.tokenizer != draft.tokenizer:
-        return Fit(None, f"tokenizer {target.tokenizer} vs {draft.tokenizer}")
+        return Fit(None, f"the target's tokenizer is {target.tokenizer}, the draft's {draft.tokenizer}")
     notes = []
     if (target.bos, target.eos) != (draft.bos, draft.eos):
         notes.append(f"BOS/EOS {target.bos}/{target.eos} vs {draft.bos}/{draft.eos} (the target's are used)")
@@ -172,11 +173,12 @@ def fit(target: Vocab, draft: Vocab) -> Fit:
         return Fit("same", notes=tuple(notes))
     gap = abs(target.size - draft.size)
     if gap > PAD_MAX:
-        return Fit(None, f"{target.size:,} vs {draft.size:,} tokens")
+        return Fit(None, f"the target has {target.size:,} tokens, the draft {draft.size:,}")
     n = min(target.size, draft.size)
     if target.tokens[:n] != draft.tokens[:n]:
         first = next(i for i in range(n) if target.tokens[i] != draft.tokens[i])
-        return Fit(None, f"token {first} is {target.tokens[first]!r} vs {draft.tokens[first]!r}")
+        return Fit(None, f"token {first} is {target.tokens[first]!r} in the target, "
+                         f"{draft.tokens[first]!r} in the draft")
     which = "target" if target.size > draft.size else "draft"
     return Fit("padded", f"same tokens, the {which} padded by {gap}", tuple(notes))
 

@@ -250,7 +250,7 @@ def test_a_mismatched_pair_is_refused_before_loading(hub, monkeypatch):
     line = last_error(err)
     assert line.startswith("error: draft other-0.5b-Q4_K_M.gguf (tiny vocabulary of 1,000 tokens #")
     assert "does not fit target tiny-7b-Q4_K_M.gguf (tiny vocabulary of 1,000 tokens #" in line
-    assert "token 500 is b'tok500' vs b'tok501'" in line
+    assert "token 500 is b'tok500' in the target, b'tok501' in the draft" in line
     assert loaded == []
 
 

@@ -32,15 +32,18 @@ def test_fit_same_padded_and_mismatched(tmp_path):
     padded = vocab.fit(target, vocab.read(tiny_gguf.write(tmp_path / "p.gguf", tiny_gguf.tokens(1000, pad=128))))
     assert padded.kind == "padded" and padded.detail == "same tokens, the draft padded by 128"
     too_far = vocab.fit(target, vocab.read(tiny_gguf.write(tmp_path / "f.gguf", tiny_gguf.tokens(1000, pad=129))))
-    assert not too_far.ok and too_far.detail == "1,000 vs 1,129 tokens"
+    assert not too_far.ok and too_far.detail == "the target has 1,000 tokens, the draft 1,129"
     swapped = list(base)
     swapped[7], swapped[8] = swapped[8], swapped[7]
     other = tiny_gguf.write(tmp_path / "o.gguf", swapped)
     with pytest.raises(VocabMismatchError, match=r"^draft o.gguf \(tiny vocabulary of 1,000 tokens #\w{8}\) does not "
-                       r"fit target t.gguf \(tiny vocabulary of 1,000 tokens #\w{8}\): token 7 is b'tok7' vs b'tok8'$"):
+                       r"fit target t.gguf \(tiny vocabulary of 1,000 tokens #\w{8}\): "
+                       r"token 7 is b'tok7' in the target, b'tok8' in the draft$"):
         vocab.check(tmp_path / "t.gguf", other)
     sp = vocab.fit(target, vocab.read(tiny_gguf.write(tmp_path / "sp.gguf", base, tokenizer="llama")))
-    assert not sp.ok and sp.detail == "tokenizer gpt2 vs llama"
+    assert not sp.ok and sp.detail == "the target's tokenizer is gpt2, the draft's llama"
+    unnamed = vocab.read(tiny_gguf.write(tmp_path / "u.gguf", base, tokenizer="llama", pre="default"))
+    assert unnamed.label().startswith("llama vocabulary of 1,000 tokens")  # not "default vocabulary"
 
 
 def test_not_a_gguf_and_a_truncated_header_are_model_errors(tmp_path):
