@@ -321,7 +321,7 @@ def test_generate_prompt_longer_than_context_exits_5(fake_engine):
 def test_chat_command_reads_a_here_doc(fake_engine):
     code, out, _ = run(["chat", "--system", "Be brief."], input="Hello\n/mode ar\nAgain\n")
     assert code == 0
-    assert out.count(REPLY) == 2 and "mode ar · k auto" in out
+    assert out.count(REPLY) == 2 and "mode ar · temp 0" in out
     assert fake_engine.requests[0][0] == {"role": "system", "content": "Be brief."}
     assert fake_engine.closed
 
