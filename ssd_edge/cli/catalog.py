@@ -61,7 +61,7 @@ def models_pull(
         s = settings.resolve(flags)
         cat = catalog.load_catalog()
         names = names or [cat.default_target, cat.default_draft]
-        wanted = [n if hub.is_hub_name(n) else cat.get(n) for n in names]  # unknown names fail first
+        wanted = [n if hub.is_hub_name(n) else cat.get(n, other=hub.NAME_HINT) for n in names]  # unknown names fail first
         for n in wanted:
             if isinstance(n, str):
                 hub.HubRef.parse(n)  # a malformed hf: name fails before anything is fetched

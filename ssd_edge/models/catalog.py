@@ -84,12 +84,13 @@ class Catalog(BaseModel):
     default_draft: str
     models: list[CatalogModel]
 
-    def get(self, name: str) -> CatalogModel:
+    def get(self, name: str, other: str | None = "a path to a .gguf file") -> CatalogModel:
+        """The model NAME; ModelNotFoundError lists the catalog's names and `other`, what else the caller takes."""
         for m in self.models:
             if m.name == name:
                 return m
-        known = ", ".join(m.name for m in self.models)
-        raise ModelNotFoundError(f"unknown model '{name}' (catalog names: {known}; or give a path to a .gguf file)")
+        known = ", ".join(m.name for m in self.models) + (f"; or give {other}" if other else "")
+        raise ModelNotFoundError(f"unknown model '{name}' (catalog names: {known})")
 
     def names(self) -> list[str]:
         return [m.name for m in self.models]

@@ -48,7 +48,7 @@ def derive(name: str, kind: str = "q4_0", models_dir: Path | None = None, force:
     from ..llama.quantization import quantize  # llama.cpp loads when it runs
 
     cat = catalog.load_catalog()
-    model = cat.get(name)
+    model = cat.get(name, other=None)  # a catalog model only
     if kind not in catalog.DERIVED_KINDS:
         raise ModelNotFoundError(f"unknown type '{kind}': choose one of {', '.join(catalog.DERIVED_KINDS)}")
     src = catalog.resolve_model(name, models_dir)

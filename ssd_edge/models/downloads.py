@@ -162,7 +162,7 @@ def remove(name: str, models_dir: Path) -> list[Path]:
     if hub.is_hub_name(name):
         return hub.remove(name, models_dir)
     base, kind = catalog.split_variant(name)
-    model = catalog.load_catalog().get(base)
+    model = catalog.load_catalog().get(base, other=hub.NAME_HINT)
     if kind is not None:
         path = catalog.derived_path(model, kind, models_dir)
         extra = path.with_name(path.name + ".json")

@@ -35,6 +35,7 @@ from ..errors import FetchError, ModelNotFoundError
 
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's default for -hf without :QUANT
 PREFIX = "hf:"
+NAME_HINT = "hf:ORG/REPO[:QUANT] for a model on the Hugging Face Hub"  # in errors of commands that take one
 CHUNK = 8 << 20
 SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 # a quantization label in a file name: Q4_K_M, q8_0, IQ4_XS, Q4_0_4_4, F16, BF16, F32, TQ1_0, MXFP4

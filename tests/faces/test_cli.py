@@ -633,7 +633,8 @@ def test_pull_verify_refetches_a_damaged_file(index, tmp_path):
 
 def test_pull_unknown_name_fetches_nothing(index, tmp_path):
     code, _, err = run(["models", "pull", "tiny-b", "tiny-z", "--models-dir", str(tmp_path)])
-    assert code == 3 and one_error(err).startswith("error: unknown model 'tiny-z' (catalog names: tiny-a, tiny-b")
+    assert code == 3 and one_error(err) == ("error: unknown model 'tiny-z' (catalog names: tiny-a, tiny-b; or give "
+                                            "hf:ORG/REPO[:QUANT] for a model on the Hugging Face Hub)")  # not a path
     assert index.fetched == [] and leftovers(tmp_path) == []
 
 
