@@ -11,6 +11,7 @@ import inspect
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+from typer.core import TyperOption
 
 from .. import settings
 from ..settings import OPTIONS
@@ -29,12 +30,27 @@ profile measured); on fewer the two models take turns, each with every core.
 [bold]Exit codes[/]: 0 ok · 1 other error · 2 bad usage or config · 3 model error · 4 fetch error · \
 5 context full · 6 decode error · 7 rpc server unreachable or lost · 130 interrupted (Ctrl-C) · 143 terminated (SIGTERM) · 141 output pipe closed."""
 
+
+def _switches_without_a_type() -> None:
+    """Typer's rich help (0.2x) writes a type after every option, switches too ("--help <bool>"), where its
+    plain help, like click's, writes none for a switch: the rich help does the same here."""
+    display = getattr(TyperOption, "display_type_rich", None)
+    if display is None:  # an older typer: no types in the rich help
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else display(self, ctx)
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_switches_without_a_type()
 app = typer.Typer(
     name="ssd-edge", help="Speculative speculative decoding (SSD) of GGUF models on edge devices.",
     epilog=EPILOG, add_completion=False, invoke_without_command=True, pretty_exceptions_enable=False,
     rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
-models_app = typer.Typer(help="List and fetch the catalog's models.", epilog=EPILOG, no_args_is_help=True,
-                         rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]})
+models_app = typer.Typer(help="The models: list, pull (the catalog's, or GGUFs from the Hugging Face Hub), pair, "
+                         "derive, rm.", epilog=EPILOG, no_args_is_help=True, rich_markup_mode="rich",
+                         context_settings={"help_option_names": ["-h", "--help"]})
 app.add_typer(models_app, name="models")
 
 ENGINE_OPTIONS = [n for n in OPTIONS if n not in settings.SERVER_OPTIONS]

@@ -47,7 +47,7 @@ def models_list(
 def models_pull(
     names: Annotated[Optional[list[str]], typer.Argument(help="catalog names, or hf:ORG/REPO[:QUANT] for a GGUF on "
                                                           "the Hugging Face Hub (default: the default target and "
-                                                          "draft)", show_default=False)] = None,
+                                                          "draft)", show_default=False, metavar="NAME")] = None,
     verify: Annotated[bool, typer.Option("--verify", help="re-check the sha256 of files already here")] = False,
     *, flags: dict[str, Any],
 ) -> None:
@@ -61,7 +61,8 @@ def models_pull(
         s = settings.resolve(flags)
         cat = catalog.load_catalog()
         names = names or [cat.default_target, cat.default_draft]
-        wanted = [n if hub.is_hub_name(n) else cat.get(n, other=hub.NAME_HINT) for n in names]  # unknown names fail first
+        # unknown names fail first
+        wanted = [n if hub.is_hub_name(n) else cat.get(n, other=hub.NAME_HINT) for n in names]
         for n in wanted:
             if isinstance(n, str):
                 hub.HubRef.parse(n)  # a malformed hf: name fails before anything is fetched
@@ -86,7 +87,7 @@ def models_pull(
 def models_rm(
     names: Annotated[list[str], typer.Argument(help="hf:ORG/REPO:QUANT (one model), hf:ORG/REPO (the whole repo), "
                                                "a catalog name, or NAME:KIND for a derived variant",
-                                               show_default=False)],
+                                               show_default=False, metavar="NAME")],
     *, flags: dict[str, Any],
 ) -> None:
     """Delete pulled models from the models folder (a Hub file goes once no other pulled model shares it)."""
@@ -102,7 +103,7 @@ def models_rm(
 @with_options(FILE_OPTIONS)
 def models_pair(
     target: Annotated[str, typer.Argument(help="a catalog name, hf:ORG/REPO[:QUANT] (pulled), or a .gguf path",
-                                          show_default=False)],
+                                          show_default=False, metavar="TARGET")],
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON document (target, drafts: name, size, "
                                            "fit, notes, path; not_pulled)")] = False,
     *, flags: dict[str, Any],
@@ -140,7 +141,7 @@ def models_pair(
 @with_options(FILE_OPTIONS)
 def models_derive_draft(
     name: Annotated[Optional[str], typer.Argument(help="catalog name of the draft (default: the default draft)",
-                                                  show_default=False)] = None,
+                                                  show_default=False, metavar="NAME")] = None,
     kind: Annotated[str, typer.Option("--type", help=f"quantization: {', '.join(catalog.DERIVED_KINDS)}")] = "q4_0",
     force: Annotated[bool, typer.Option("--force", help="derive again even if the file is here")] = False,
     *, flags: dict[str, Any],
@@ -157,7 +158,7 @@ def models_derive_draft(
 @with_options(FILE_OPTIONS)
 def models_derive(
     name: Annotated[Optional[str], typer.Argument(help="catalog name (default: the default target)",
-                                                  show_default=False)] = None,
+                                                  show_default=False, metavar="NAME")] = None,
     kind: Annotated[str, typer.Option("--type", help=f"type: {', '.join(catalog.DERIVED_KINDS)}")] = "bf16",
     force: Annotated[bool, typer.Option("--force", help="derive again even if the file is here")] = False,
     *, flags: dict[str, Any],

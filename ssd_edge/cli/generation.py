@@ -57,7 +57,7 @@ def read_prompt(prompt: str | None) -> str:
 @with_options(ENGINE_OPTIONS)
 def generate(
     prompt: Annotated[Optional[str], typer.Argument(help="the prompt; omit it or give - to read it from stdin",
-                                                    show_default=False)] = None,
+                                                    show_default=False, metavar="PROMPT")] = None,
     chat: Annotated[bool, typer.Option("--chat", help="wrap the prompt as a user message in the model's chat "
                                        "template (default: the prompt is plain text to continue)")] = False,
     system: Annotated[Optional[str], typer.Option("--system", help="a system message (implies --chat)",

@@ -79,6 +79,15 @@ def test_help_documents_exit_codes_and_precedence():
     assert "2 cores: target 1 + draft 1" in out  # the thread defaults are explained
 
 
+def test_help_names_arguments_as_the_text_does_and_gives_switches_no_type():
+    code, out, _ = run(["generate", "--help"])
+    assert code == 0 and "[OPTIONS] [PROMPT]" in out and "<str>" in out and "<bool>" not in out
+    code, out, _ = run(["models", "pair", "--help"])
+    assert code == 0 and "[OPTIONS] {TARGET}" in out and "fit TARGET" in out
+    code, out, _ = run(["models", "--help"])
+    assert code == 0 and "pull" in out and "derive" in out and "<bool>" not in out
+
+
 def test_version():
     code, out, _ = run(["--version"])
     assert code == 0 and out.startswith("ssd-edge ")
