@@ -108,7 +108,8 @@ class PrespecStats:
 class AutoStats:
     """Mode auto's planner over one generation."""
 
-    decisions: Mapping[str, int]   # rounds by the proposer chosen: plain, ngram, draft, prepared
+    decisions: Mapping[str, int]   # rounds by the proposer chosen: plain, ngram, draft, prepared (a round with
+    #                                no room to draft, the last before max_tokens or a full context, is not chosen)
     concurrent: bool               # whether the pre-speculation worker ran beside the target
     planner: Mapping[str, Any]     # the rest of the planner's report: its estimates and its round log
     #                                (diagnostics, shaped by planner.py)

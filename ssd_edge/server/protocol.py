@@ -227,7 +227,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def speculation(finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
     """How this answer was decoded: acceptance, pre-speculation hit rate, which proposer served
-    each round (plain, ngram, draft, prepared), and where each token came from."""
+    each round (plain, ngram, draft, prepared), and where each token came from.
+
+    rounds and rounds_by_proposer count every round; planner_decisions (mode auto) counts the rounds
+    the planner chose. A round with no room to draft (the last token before max_tokens or a full context)
+    is a plain step taken without asking it, so planner_decisions may sum to one less than rounds."""
     st, pre = finish.stats, finish.stats.prespec
     out = {
         "mode": st.mode,
