@@ -29,7 +29,9 @@ tokens/s       now: the last few rounds; avg: this reply (the engine's own figur
 per token      median latency per token on pre-speculation hits and misses (the engine's p50 at the end)
 util           share of wall time the draft / target spent computing
 branch mem     draft KV cells held by pre-speculation branches, against the budget
-state          what runs now: ssd, sd, backup (n-gram), rolled-back (plain sd), sla-cut"""
+state          what served the last round: ar (a plain step), lookup (n-gram), sd (draft), ssd (a prepared
+               branch), backup (ssd's n-gram), rolled-back (ssd drafting just in time), sla-cut;
+               "idle (last: ...)" between replies"""
 
 
 class HelpScreen(ModalScreen):

@@ -106,6 +106,8 @@ def test_rpc_reaches_the_tui(tmp_path, monkeypatch):
 
     real_run = App.run
     monkeypatch.setattr(SSDEdgeApp, "run", lambda self, **kw: real_run(self, headless=True, auto_pilot=user))
+    # the app, mounted on this (the test process's main) thread, would lower it for good (tui/cores.py)
+    monkeypatch.setattr("tui.app.yield_to_the_engine", lambda *threads: "left as it is (a test)")
     code, _, err = run(["tui", "-m", gguf, "--no-draft", "--no-calibrate", "--rpc", f"127.0.0.1:{port}"], tty=True)
     assert shown and f"rpc server 127.0.0.1:{port} is unreachable" in shown[0], shown
     assert code == RPCError.exit_code, err

@@ -1,7 +1,7 @@
-"""The live panel: models and devices, mode and state, and gauges fed by the
-event stream (pre-speculation hit rate coloured by the 70% / 50% thresholds,
-acceptance, tokens/s with a sparkline, per-token latency on hits and misses,
-draft and target utilization, branch memory against its budget)."""
+"""The live panel: mode and state, gauges fed by the event stream (pre-speculation
+hit rate coloured by the 70% / 50% thresholds, acceptance, tokens/s with a
+sparkline, per-token latency on hits and misses, draft and target utilization,
+branch memory against its budget), then the models and devices."""
 
 from __future__ import annotations
 
@@ -131,8 +131,8 @@ class LivePanel(VerticalScroll):
     """Drawn once per frame while a reply streams: each line and gauge is redrawn only when its value changed."""
 
     def compose(self) -> ComposeResult:
-        yield Static("Models", classes="section")
-        yield Static("loading…", id="models")
+        # the live lines first, the models (a long regime and memory text) last: on a 24-row terminal
+        # the models had pushed every gauge below the panel's edge
         yield Static("Mode", classes="section")
         yield Static("", id="mode")
         yield Static("Speculation", classes="section")
@@ -146,6 +146,8 @@ class LivePanel(VerticalScroll):
         yield Gauge("draft util", id="draft-util")
         yield Gauge("target util", id="target-util")
         yield Gauge("branch mem", id="branches")
+        yield Static("Models", classes="section")
+        yield Static("loading…", id="models")
 
     def show_models(self, info: tuple[ModelInfo | None, ModelInfo | None] | None, config: EngineConfig,
                     status: str = "", regime: str | None = None, memory: MemoryUse | None = None,
