@@ -129,7 +129,8 @@ def cli_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int) -> 
 
 def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int, priority: str) -> dict:
     """`ssd-edge tui` in tmux, its UI thread at `priority` (tui/cores.py): wait for Ready, type the prompt,
-    wait for the reply's note in the saved chat."""
+    wait for the reply's note in the saved chat, reading the screen 4 times a second meanwhile (the
+    longest it stood still: a UI starved of the cores draws nothing for seconds)."""
     chats = tmp / f"chats{i}-{priority.replace(':', '')}"
     exe = shutil.which("ssd-edge") or f"{sys.executable} -m ssd_edge.cli.commands"
     cmd = (f"env {_env()} SSD_EDGE_CHATS={shlex.quote(str(chats))} SSD_EDGE_TUI_PRIORITY={shlex.quote(priority)} "
@@ -155,7 +156,17 @@ def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int, pri
                     return msgs[-1]
             return None
 
-        _wait(lambda: reply() is not None, a.timeout, poll=0.5, what="the reply")
+        still, shown, changed = 0.0, "", time.monotonic()
+
+        def done() -> bool:  # meanwhile: the longest the screen stood still while the reply was written
+            nonlocal still, shown, changed
+            now, screen = time.monotonic(), _tmux("capture-pane", "-p", "-t", name)
+            if screen != shown:
+                shown, changed = screen, now
+            still = max(still, now - changed)
+            return reply() is not None
+
+        _wait(done, a.timeout, poll=0.25, what="the reply")
         ui, proc, srv, wall = _cpu_s(pid, pid) - ui0, _cpu_s(pid) - proc0, _cpu_s(server) - srv0, time.monotonic() - t0
         screen = _tmux("capture-pane", "-p", "-t", name)
         note = reply()["note"]
@@ -170,7 +181,8 @@ def tui_run(a: argparse.Namespace, size: tuple[int, int], tmp: Path, i: int, pri
     per = (lambda x: 1e3 * x / tokens) if tokens else (lambda x: None)
     return {"ui_priority": priority, "load_avg_1m": load, "note": note, "tokens": tokens, "tokens_per_s": rate,
             "ui_thread_cpu_ms_per_token": per(ui), "process_cpu_ms_per_token": per(proc),
-            "tmux_server_cpu_ms_per_token": per(srv), "wall_s": wall, "screen_tail": screen.rstrip().splitlines()[-3:]}
+            "tmux_server_cpu_ms_per_token": per(srv), "wall_s": wall, "longest_still_s": round(still, 2),
+            "screen_tail": screen.rstrip().splitlines()[-3:]}
 
 
 def terminal(a: argparse.Namespace) -> dict:
@@ -191,12 +203,14 @@ def terminal(a: argparse.Namespace) -> dict:
                           file=sys.stderr)
         finally:
             subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
-    medians = {}
+    medians, still = {}, {}
     for priority in a.ui_priority:
         ratios = [r["ratio"] for r in runs if r["ratio"] and r["tui"]["ui_priority"] == priority]
         medians[priority] = statistics.median(ratios) if ratios else None
+        still[priority] = statistics.median(r["tui"]["longest_still_s"] for r in runs if r["tui"]["ui_priority"] == priority)
     return {"prompt": a.prompt, "max_tokens": a.n, "mode": a.mode, "size": list(size), "cpus": os.cpu_count(),
-            "runs": runs, "median_ratio": medians[a.ui_priority[0]], "median_ratio_by_ui_priority": medians}
+            "runs": runs, "median_ratio": medians[a.ui_priority[0]], "median_ratio_by_ui_priority": medians,
+            "median_longest_still_s_by_ui_priority": still}
 
 
 def main() -> None:
