@@ -135,11 +135,6 @@ class SpecConfig(_Strict):
     ngram_min: int = Field(default=2, ge=1, le=8, description="shortest n-gram the lookup drafter matches")
     ngram_max: int = Field(default=4, ge=1, le=16, description="longest n-gram the lookup drafter matches")
 
-    @property
-    def k_label(self) -> str:
-        """k as the faces show it: the number, or "auto" (each mode's default: planner.py)."""
-        return str(self.k) if self.k is not None else "auto"
-
     @field_validator("ngram_max")
     @classmethod
     def _order(cls, v: int, info) -> int:

@@ -38,6 +38,7 @@ from ssd_edge.config import MODES, EngineConfig, ModelConfig
 from ssd_edge.errors import ConfigError
 from ssd_edge.models import catalog
 from ssd_edge.models.catalog import load_catalog
+from ssd_edge.planning.planner import k_text
 
 from .chats import Chat, ChatStore, Message
 from .commands import SSDEdgeCommands
@@ -450,7 +451,8 @@ class SSDEdgeApp(App[int]):
             return str(e)
         self.max_tokens = max_tokens
         self.query_one(LivePanel).show_settings(self.config, self.live)
-        self.set_status(f"Ready · {self.config.mode} · k {self.config.spec.k_label} · "
+        k = k_text(self.config.mode, self.config.spec.k)
+        self.set_status(f"Ready · {self.config.mode}{f' · k {k}' if k else ''} · "
                         f"temperature {self.config.sampling.temperature:g}")
         return None
 

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from .. import paths, settings
 from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
-from ..planning.planner import FIXED_K, MENUS
+from ..planning.planner import k_text
 from ..stats_text import stats_line, stats_table
 from .signals import EXIT_TERMINATED, CancelOnSignal
 
@@ -109,16 +109,6 @@ def stream_reader(stream: TextIO, console: Console, echo: bool = True) -> Reader
             console.print(Text.assemble((prompt, "bold cyan"), line))
         return line
     return read
-
-
-def k_text(mode: str, k: int | None) -> str | None:
-    """The draft length as `mode` runs it: -k when given; else "auto" where the planner chooses each round's
-    (mode auto), the fixed modes' FIXED_K (sd, lookup, ssd), and nothing for ar, which drafts nothing."""
-    if k is not None:
-        return str(k)
-    if mode == "ar":
-        return None
-    return "auto" if MENUS[mode].planned else str(FIXED_K)
 
 
 class ChatSession:

@@ -123,6 +123,17 @@ MENUS = {
 }
 
 
+def k_text(mode: str, k: int | None) -> str | None:
+    """The draft length as `mode` runs it, for the faces: -k when given; else "auto" where the planner
+    chooses each round's (mode auto), the fixed modes' FIXED_K (sd, lookup, ssd), and nothing for ar,
+    which drafts nothing."""
+    if k is not None:
+        return str(k)
+    if mode == "ar":
+        return None
+    return "auto" if MENUS[mode].planned else str(FIXED_K)
+
+
 @dataclass(frozen=True)
 class Offer:
     """What can be verified this round. room: most tokens the round may draft (context, max_tokens);

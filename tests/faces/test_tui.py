@@ -120,6 +120,8 @@ async def test_mode_k_and_temperature_reach_the_engine():
         assert make.engine.configured[-1] == {"mode": "auto"} and app.config.mode == "auto"
         await app.run_action("set_mode('sd')")  # what the palette's "Mode: sd" runs
         assert make.engine.config.mode == "sd"
+        await pilot.pause()
+        assert "k 3 · temperature 0" in str(app.query_one("#mode").render())  # sd's FIXED_K, not "auto"
         await pilot.press("f4")
         await pilot.pause()
         dialog = app.screen
@@ -133,6 +135,7 @@ async def test_mode_k_and_temperature_reach_the_engine():
         await pilot.pause()
         assert app.screen is not dialog
         assert make.engine.config.spec.k == 6 and make.engine.config.sampling.temperature == 0.7
+        assert "k 6 · temperature 0.7" in str(app.query_one("#mode").render())
 
 
 

@@ -19,6 +19,7 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR, hit_rate_health
 from ssd_edge.interface import ModelInfo
 from ssd_edge.memory import MemoryUse
+from ssd_edge.planning.planner import k_text
 
 from ..live import LiveModel
 
@@ -185,7 +186,8 @@ class LivePanel(VerticalScroll):
             text.append(f"● {state}", STATE_COLOURS.get(state, "grey70"))
         else:
             text.append("○ idle" + (f" (last: {state})" if state else ""), "grey70")
-        text.append(f"\nk {config.spec.k_label} · temperature {config.sampling.temperature:g}", "dim")
+        k = k_text(config.mode, config.spec.k)
+        text.append(f"\n{f'k {k} · ' if k else ''}temperature {config.sampling.temperature:g}", "dim")
         set_text(self.query_one("#mode", Static), text)
 
     def show_live(self, live: LiveModel) -> None:
