@@ -4,9 +4,14 @@ On a CPU-only device llama.cpp decodes with a thread per core, and its threads m
 after every operation of the graph: a millisecond the UI thread takes from any of those cores
 delays the whole decode by about that much (issue 24: on 2 cores the TUI decoded at 0.87-0.97x the
 CLI's speed with the UI thread spending 2-4 ms of CPU per token). So the TUI's process runs its UI
-below the engine: the UI thread lowers its own scheduling priority (Linux's SCHED_IDLE, else the
-lowest nice value) and then draws in the gaps the engine leaves, between and around its decodes,
-instead of in the middle of them.
+below the engine: the UI thread lowers its own scheduling priority to the lowest nice value (19)
+and then draws mostly in the gaps the engine leaves, between and around its decodes, instead of in
+the middle of them. Not SCHED_IDLE, which it used first: a thread under SCHED_IDLE runs only where a
+core would otherwise idle, and on 2 cores a decode leaves so few such moments that the screen stood
+still for 2.3-3.7 s at a time in auto and ar; at nice 19 the scheduler still gives the UI a small
+share, the screen's longest stand-still is 0.3-0.9 s, and the TUI is as fast against the CLI
+(scripts/tui_speed.py terminal --ui-priority idle,nice:19, 150x45, 213 tokens, TUI/CLI medians:
+auto 0.944 idle, 0.947 nice 19 over 3 runs; ssd 0.978, 0.976; ar 1.03, 1.05 over 2).
 
 The engine's own Python work (sampling, planning, the pre-speculation worker's ranking) runs between
 its decodes and needs the interpreter's lock; a UI thread holding it keeps them waiting up to the
@@ -20,12 +25,12 @@ generating, and every thread those start: llama.cpp's OpenMP team, the pre-specu
 runs on one `EngineThread`, started before the UI thread lowers itself; the app's worker threads
 only wait on it. Closing the engine needs no priority and runs wherever it is asked.
 
-A thread below the engine runs only where a core would otherwise idle, and on 2 cores a decode
-leaves few such moments: a key that must act at once would wait seconds for the UI thread (Esc
-stopped a reply after 5-8 s of `ar` on 2 cores). So the UI lowers itself only once Textual's driver
-runs (the app's mount), and lowers the driver's writer thread with it; the driver's input thread,
-started before, keeps the process's priority, and `urgent_keys_driver` has it act on the keys that
-stop work (Esc, Ctrl+Q) the moment they are read, before the UI thread sees them.
+A thread below the engine still waits for a core while the model decodes, and a key that must
+act at once should not (under SCHED_IDLE Esc stopped an `ar` reply 1.6-11 s after the key). So the
+UI lowers itself only once Textual's driver runs (the app's mount), and lowers the driver's writer
+thread with it; the driver's input thread, started before, keeps the process's priority, and
+`urgent_keys_driver` has it act on the keys that stop work (Esc, Ctrl+Q) the moment they are read,
+before the UI thread sees them (Esc to a stopped reply: 0.25-0.46 s).
 
 Only `run_app` (the real terminal) lowers the UI thread: the app driven in process (Textual's
 Pilot, the tests, scripts/tui_speed.py pilot) keeps its caller's priority, so nothing outside the
@@ -95,16 +100,17 @@ def urgent_keys_driver(base: type[D], urgent: Callable[[str], None]) -> type[D]:
     return UrgentKeys
 
 
-PRIORITY_ENV = "SSD_EDGE_TUI_PRIORITY"  # idle (the default), nice:N (1-19), or normal
+DEFAULT_PRIORITY = "nice:19"
+PRIORITY_ENV = "SSD_EDGE_TUI_PRIORITY"  # nice:N (1-19; nice:19 the default), idle (SCHED_IDLE), or normal
 
 
 def lower_this_thread(how: str | None = None, *, thread_id: int = 0) -> str | None:
     """Put the calling thread (or the thread of native id `thread_id`) below the engine's: `idle` is
     Linux's SCHED_IDLE (it runs when a core would otherwise idle), falling back to nice 19; `nice:N`
-    a nice value; `normal` leaves it as it is. Default: $SSD_EDGE_TUI_PRIORITY, else idle. Only where
+    a nice value; `normal` leaves it as it is. Default: $SSD_EDGE_TUI_PRIORITY, else nice:19. Only where
     the OS has per-thread priorities (Linux); elsewhere they would lower the whole process, the
     engine with it. Returns what it did."""
-    how = (how or os.environ.get(PRIORITY_ENV) or "idle").strip().lower()
+    how = (how or os.environ.get(PRIORITY_ENV) or DEFAULT_PRIORITY).strip().lower()
     if how == "normal" or not sys.platform.startswith("linux"):
         return None
     if how == "idle":
@@ -117,7 +123,7 @@ def lower_this_thread(how: str | None = None, *, thread_id: int = 0) -> str | No
     try:
         nice = int(how.removeprefix("nice:"))
     except ValueError:
-        log.warning("%s=%r is not idle, nice:N or normal: the UI thread's priority stays as it is", PRIORITY_ENV, how)
+        log.warning("%s=%r is not nice:N, idle or normal: the UI thread's priority stays as it is", PRIORITY_ENV, how)
         return None
     try:
         os.setpriority(os.PRIO_PROCESS, thread_id, max(0, min(19, nice)))  # Linux: that thread alone
