@@ -33,11 +33,26 @@ def c_call_with_callbacks(signum: int) -> int:
 
 
 def test_a_ctrl_c_during_a_c_call_is_raised_when_it_returns():
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
+    # Python's own handler, as in a terminal: a process started in the background by a shell (as CI may
+    # run the suite) inherits SIGINT ignored, and an ignored signal is rightly ignored after the call too
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with signals_held():
+                assert c_call_with_callbacks(signal.SIGINT) > 1  # the C call ran to its end
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_ctrl_c_stays_ignored():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
         with signals_held():
-            assert c_call_with_callbacks(signal.SIGINT) > 1  # the C call ran to its end
-    assert signal.getsignal(signal.SIGINT) is before
+            assert c_call_with_callbacks(signal.SIGINT) > 1
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_sigterm_reaches_the_handler_in_place_after_the_call():
