@@ -17,6 +17,9 @@ Provenance = Literal["target", "draft", "prespec", "ngram"]
 #   ngram  : proposed by the n-gram lookup drafter, accepted
 
 Speculator = Literal["none", "draft", "prespec", "ngram"]
+# the mode each speculator's rounds are: no draft is ar's plain step, a draft sd's, a pre-speculated
+# branch ssd's, an n-gram copy lookup's (what mode auto ran, in the faces' words)
+SPECULATOR_MODE = {"none": "ar", "draft": "sd", "prespec": "ssd", "ngram": "lookup"}
 PrespecOutcome = Literal["hit", "partial", "miss"]
 StopReason = Literal["eos", "length", "stop", "context", "cancelled", "error"]
 

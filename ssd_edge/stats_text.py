@@ -3,10 +3,12 @@ terminal: one line after each answer, and a table for `/stats`."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.table import Table
 from rich.text import Text
 
-from .events import Stats
+from .events import SPECULATOR_MODE, Stats
 
 HEALTH_STYLE = {"healthy": "green", "fair": "yellow", "poor": "red", "n/a": "dim"}
 
@@ -22,11 +24,20 @@ def rate_text(stats: Stats) -> str:
     return f"— tok/s · {stats.end_to_end_tokens_per_s:.1f} tok/s end to end"
 
 
+def ran_text(stats: Stats) -> str:
+    """What a generation's rounds ran, as the modes whose rounds they were, the most first: 'ar 94%, sd 6%'."""
+    ran: Counter[str] = Counter()
+    for speculator, n in stats.speculators.items():
+        ran[SPECULATOR_MODE.get(speculator, speculator)] += n
+    total = sum(ran.values())
+    return ", ".join(f"{mode} {n / total:.0%}" for mode, n in ran.most_common())
+
+
 def stats_line(stats: Stats, state: str | None = None) -> Text:
     """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 healthy · mode ssd'.
 
     `state` is what ran last (LiveStats.state), shown when it differs from the mode,
-    e.g. 'mode ssd (rolled-back)'. With nothing decoded after the first round there is no decode
+    e.g. 'mode ssd (rolled-back)'; mode auto says instead what its rounds ran: 'mode auto: ar 90%, sd 10%'. With nothing decoded after the first round there is no decode
     speed: '1 token · — tok/s · 2.4 tok/s end to end · …'; with no token, no speed at all."""
     out = Text(style="dim")
     out.append(f"{stats.tokens} token{'' if stats.tokens == 1 else 's'}")
@@ -40,7 +51,10 @@ def stats_line(stats: Stats, state: str | None = None) -> Text:
     if pre.lookups:
         out.append(" · hit rate ")
         out.append(f"{_num(pre.hit_rate)} {pre.health}", style=HEALTH_STYLE.get(pre.health, ""))
-    out.append(f" · mode {stats.mode}" + (f" ({state})" if state and state != stats.mode else ""))
+    if stats.auto is not None and stats.speculators:  # what auto ran, over the whole answer
+        out.append(f" · mode {stats.mode}: {ran_text(stats)}")
+    else:
+        out.append(f" · mode {stats.mode}" + (f" ({state})" if state and state != stats.mode else ""))
     if stats.draft_load_s is not None:  # not in the first token's time: it was loaded before the prompt
         out.append(f" · draft loaded first ({stats.draft_load_s:.1f} s)")
     return out

@@ -131,6 +131,19 @@ def test_stats_line_counts_one_token_and_gives_no_speed_for_none():
     assert stats_line(ssd_meter().stats()).plain.startswith("7 tokens · ")
 
 
+def test_stats_line_says_what_auto_ran_over_the_answer_not_its_last_round():
+    m = Meter("auto", 0)
+    m.first_token()
+    m.record(Round(0, "ar", "none", None, 0, 0, 400.0, 400.0, 0.0), 1)
+    for i in range(1, 8):
+        m.record(Round(i, "ar", "none", None, 0, 0, 40.0, 40.0, 0.0), 1)
+    m.record(Round(8, "sd", "draft", None, 3, 3, 90.0, 60.0, 30.0), 4)
+    m.record(Round(9, "sd", "draft", None, 3, 1, 90.0, 60.0, 30.0), 2)
+    line = stats_line(m.stats(auto=REPORT), state="sd").plain
+    assert line.endswith("mode auto: ar 80%, sd 20%")  # not "mode auto (sd)", the last round's
+    assert stats_line(ssd_meter().stats(), state="rolled-back").plain.endswith("mode ssd (rolled-back)")
+
+
 def test_branch_tally_counts_what_two_threads_write_while_a_third_reads():
     """The worker writes the tally while the engine reads it for its gauges: no count is lost,
     and every reading is consistent (the peak is never below the cells held)."""
