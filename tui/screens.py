@@ -21,17 +21,18 @@ from ssd_edge.models.catalog import CatalogModel
 from .chats import ChatSummary
 from .widgets.chat import PROVENANCE_COLOURS, PROVENANCE_LABELS
 
-PANEL_HELP = f"""\
-pre-spec hit   share of SSD rounds whose draft was ready before the target finished verifying:
-               green at {HIT_RATE_HEALTHY:.0%} or more, yellow in between, red under {HIT_RATE_POOR:.0%}
-acceptance     accepted draft tokens / drafted tokens
-tokens/s       now: the last few rounds; avg: this reply (the engine's own figure once it ends)
-per token      median latency per token on pre-speculation hits and misses (the engine's p50 at the end)
-util           share of wall time the draft / target spent computing
-branch mem     draft KV cells held by pre-speculation branches, against the budget
-state          what served the last round: ar (a plain step), lookup (n-gram), sd (draft), ssd (a prepared
-               branch), backup (ssd's n-gram), rolled-back (ssd drafting just in time), sla-cut;
-               "idle (last: ...)" between replies"""
+PANEL_HELP = [  # (the panel's label, what it shows): a grid, so that a narrow terminal wraps each in its column
+    ("pre-spec hit", f"share of SSD rounds whose draft was ready before the target finished verifying: green at "
+                     f"{HIT_RATE_HEALTHY:.0%} or more, yellow in between, red under {HIT_RATE_POOR:.0%}"),
+    ("acceptance", "accepted draft tokens / drafted tokens"),
+    ("tokens/s", "now: the last few rounds; avg: this reply (the engine's own figure once it ends)"),
+    ("per token", "median latency per token on pre-speculation hits and misses (the engine's p50 at the end)"),
+    ("util", "share of wall time the draft / target spent computing"),
+    ("branch mem", "draft KV cells held by pre-speculation branches, against the budget"),
+    ("state", "what served the last round: ar (a plain step), lookup (n-gram), sd (draft), ssd (a prepared "
+              "branch), backup (ssd's n-gram), rolled-back (ssd drafting just in time), sla-cut; "
+              "\"idle (last: ...)\" between replies"),
+]
 
 
 class HelpScreen(ModalScreen):
@@ -42,11 +43,7 @@ class HelpScreen(ModalScreen):
         self.keys = list(keys)
 
     def compose(self) -> ComposeResult:
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold cyan", no_wrap=True)
-        table.add_column()
-        for key, what in self.keys:
-            table.add_row(key, what)
+        table, panel = self._grid(self.keys, "bold cyan"), self._grid(PANEL_HELP, "bold")
         legend = Text("provenance colours (F3): ")
         for name, colour in PROVENANCE_COLOURS.items():
             legend.append(f"■ {PROVENANCE_LABELS[name]}  ", colour or "default")
@@ -54,9 +51,18 @@ class HelpScreen(ModalScreen):
             yield Label("ssd-edge keys", classes="title")
             yield Static(table)
             yield Label("\nThe live panel", classes="title")
-            yield Static(Text(PANEL_HELP))
+            yield Static(panel)
             yield Static(legend)
-            yield Static("Esc closes this help.", classes="hint")
+            yield Static("↑↓ scroll · Esc closes this help.", classes="hint")
+
+    @staticmethod
+    def _grid(rows: Iterable[tuple[str, str]], style: str) -> Table:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style=style, no_wrap=True)
+        grid.add_column()
+        for name, what in rows:
+            grid.add_row(name, what)
+        return grid
 
 
 class ChatsScreen(ModalScreen):
