@@ -205,9 +205,10 @@ def terminal(a: argparse.Namespace) -> dict:
             subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
     medians, still = {}, {}
     for priority in a.ui_priority:
-        ratios = [r["ratio"] for r in runs if r["ratio"] and r["tui"]["ui_priority"] == priority]
+        mine = [r for r in runs if r["tui"]["ui_priority"] == priority]
+        ratios = [r["ratio"] for r in mine if r["ratio"]]
         medians[priority] = statistics.median(ratios) if ratios else None
-        still[priority] = statistics.median(r["tui"]["longest_still_s"] for r in runs if r["tui"]["ui_priority"] == priority)
+        still[priority] = statistics.median(r["tui"]["longest_still_s"] for r in mine)
     return {"prompt": a.prompt, "max_tokens": a.n, "mode": a.mode, "size": list(size), "cpus": os.cpu_count(),
             "runs": runs, "median_ratio": medians[a.ui_priority[0]], "median_ratio_by_ui_priority": medians,
             "median_longest_still_s_by_ui_priority": still}

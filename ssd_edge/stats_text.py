@@ -36,9 +36,10 @@ def ran_text(stats: Stats) -> str:
 def stats_line(stats: Stats, state: str | None = None) -> Text:
     """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 healthy · mode ssd'.
 
-    `state` is what ran last (LiveStats.state), shown when it differs from the mode,
-    e.g. 'mode ssd (rolled-back)'; mode auto says instead what its rounds ran: 'mode auto: ar 90%, sd 10%'. With nothing decoded after the first round there is no decode
-    speed: '1 token · — tok/s · 2.4 tok/s end to end · …'; with no token, no speed at all."""
+    `state` is what ran last (LiveStats.state), shown when it differs from the mode, e.g. 'mode ssd
+    (rolled-back)'; mode auto says instead what its rounds ran over the answer: 'mode auto: ar 90%, sd 10%'.
+    With nothing decoded after the first round there is no decode speed: '1 token · — tok/s · 2.4 tok/s
+    end to end · …'; with no token, no speed at all."""
     out = Text(style="dim")
     out.append(f"{stats.tokens} token{'' if stats.tokens == 1 else 's'}")
     if stats.tokens:
