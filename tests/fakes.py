@@ -3,7 +3,8 @@ Backend protocol (ssd_edge/interface.py) that ssd_edge.llama.backend.Model / Con
 implement, for testing the engine and SSD pre-speculation without weights or
 the compiled library.
 
-FakeContext keeps a real cell table like llama.cpp's unified KV cache: each
+FakeContext keeps its KV state in the priced backend's cell table
+(ssd_edge/priced/cells.py), a real one like llama.cpp's unified KV cache: each
 decoded token takes a cell that belongs to a set of sequences; seq_cp adds a
 sequence to cells (no new cells), seq_rm removes it, and a cell with no
 sequence is freed. decode() enforces llama.cpp's rule that a sequence's first
@@ -14,14 +15,14 @@ the sequence's stored tokens, so a wrong KV state gives wrong logits.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_edge.errors import ContextFullError, DecodeError
+from ssd_edge.errors import DecodeError
 from ssd_edge.interface import Aborted
+from ssd_edge.priced.cells import CellCache, seq_ids
 
 V = 32
 EOS = 0
@@ -86,22 +87,13 @@ class FakeAbort:
         return self.flag
 
 
-@dataclass
-class Cell:
-    pos: int
-    token: int
-    seqs: set[int] = field(default_factory=set)
-
-
-class FakeContext:
+class FakeContext(CellCache):
     def __init__(self, model: FakeModel, n_ctx: int = 512, n_batch: int = 64, n_seq_max: int = 1,
                  decode_delay: float | Callable[[int], float] = 0.0, main_seq: Callable[[], int] | None = None
                  ) -> None:
+        super().__init__(n_ctx, n_seq_max)
         self.model = model
-        self.n_ctx = n_ctx
         self.n_batch = n_batch
-        self.n_seq_max = n_seq_max
-        self.cells: list[Cell] = []
         self.decode_delay = decode_delay
         self.decodes = 0
         self.aborted = 0
@@ -111,15 +103,6 @@ class FakeContext:
 
     def set_threads(self, threads: int) -> None:
         self.threads = threads
-
-    # -- the sequence's tokens, in position order
-    def seq_tokens(self, seq: int) -> list[int]:
-        mine = sorted((c.pos, c.token) for c in self.cells if seq in c.seqs)
-        assert [p for p, _ in mine] == list(range(len(mine))), f"sequence {seq} has holes: {mine}"
-        return [t for _, t in mine]
-
-    def seq_pos_max(self, seq: int) -> int:
-        return max((c.pos for c in self.cells if seq in c.seqs), default=-1)
 
     def decode(self, tokens, positions, seqs, logits_for) -> np.ndarray:
         n = len(tokens)
@@ -133,41 +116,11 @@ class FakeContext:
         if self.abort.is_set():
             self.aborted += 1
             raise Aborted()
-        first: dict[int, int] = {}
-        for pos, s in zip(positions, seqs):
-            for sid in ([s] if isinstance(s, int) else s):
-                assert 0 <= sid < self.n_seq_max, f"seq {sid} out of range"
-                first.setdefault(sid, pos)
-        for sid, pos in first.items():
-            assert pos == self.seq_pos_max(sid) + 1, f"seq {sid}: batch starts at {pos}, stored up to {self.seq_pos_max(sid)}"
-        if len(self.cells) + n > self.n_ctx:
-            raise ContextFullError("fake context full")
-        rows = {}
-        for i, (t, pos, s) in enumerate(zip(tokens, positions, seqs)):
-            self.cells.append(Cell(pos, int(t), set([s] if isinstance(s, int) else s)))
-            if i in logits_for:
-                sid = s if isinstance(s, int) else s[0]
-                rows[i] = lm_logits(self.seq_tokens(sid), self.model.disagree_every)
+        self.store(tokens, positions, seqs)
+        rows = [lm_logits(self.seq_tokens(seq_ids(seqs[i])[0], positions[i] + 1), self.model.disagree_every)
+                for i in logits_for]
         self.decodes += 1
         self.batch_sizes.append(n)
-        return np.stack([rows[i] for i in logits_for]) if logits_for else np.empty((0, V), np.float32)
-
-    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
-        for c in self.cells:
-            if seq in c.seqs and c.pos >= p0 and (p1 < 0 or c.pos < p1):
-                c.seqs.discard(seq)
-        self.cells = [c for c in self.cells if c.seqs]
-
-    def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
-        for c in self.cells:
-            if src in c.seqs and c.pos >= p0 and (p1 < 0 or c.pos < p1):
-                c.seqs.add(dst)
-
-    def clear(self) -> None:
-        self.cells = []
-
-    def cells_outside(self, seq: int) -> int:
-        """Cells not held by `seq` (branch cells when `seq` is the main sequence)."""
-        return sum(1 for c in self.cells if seq not in c.seqs)
+        return np.stack(rows) if rows else np.empty((0, V), np.float32)
 
     def close(self) -> None: ...

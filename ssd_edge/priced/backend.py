@@ -1,0 +1,224 @@
+"""PricedModel and PricedContext: the Backend protocol (interface.py) over a synthetic language model whose
+decodes wait the price of a measured GPU (prices.py) instead of computing.
+
+The language (151,936 tokens, Qwen's vocabulary size; 0..255 bytes, then words, then the specials):
+  target  the favourite next token is a splitmix hash of the sequence's last 3 tokens and the position
+          (never an end of generation, so every answer runs to its length). Its row: one of POOL rows of
+          N(-4, 1) noise (chosen by the same hash), the favourite at PEAK, two other candidates below it.
+          At T=1 the favourite has p 0.90, the runner-up 0.06 (kept by top-k 40, top-p 0.95, min-p 0.05),
+          the third 0.03, the other 151,000 tokens 0.01 together.
+  draft   agrees with the target on a context when another hash of it, as a fraction of 2^64, is below
+          `agreement`: then its row is the target's, bit for bit, so coupled sampling draws the same
+          token. Otherwise it favours another token, in another noise row; the target's favourite is its
+          runner-up on half of those contexts (a miss its candidates predict) and absent on the others.
+
+A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it, so a wrong rollback
+gives wrong rows), builds the wanted rows, then waits out the rest of the batch's price with the GIL
+released (an Event wait, which the abort signal cuts short): its wall time is the price, or the time the
+rows took where that is longer. The price goes on interface.DECODES, as llama_decode's time does.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import DecodeError
+from ..interface import DECODES, Aborted, ModelInfo
+from .cells import CellCache, seq_ids
+from .prices import Curve, PriceTable
+
+N_VOCAB = 151_936
+SPECIALS = {"<|endoftext|>": 151_643, "<|im_start|>": 151_644, "<|im_end|>": 151_645}
+EOG = frozenset({151_643, 151_645})
+WORD0, N_WORDS = 256, 151_643 - 256  # word ids: WORD0 .. WORD0 + N_WORDS - 1; below them the 256 bytes
+CONTEXT = 3                          # tokens the next token depends on (with the position)
+
+POOL = 8            # noise rows, N(-4, 1) float32 (a tail of 0.01 at T=1); specials at -30 (never drawn)
+PEAK = 13.0         # the favourite's logit: p 0.91 at T=1 beside the two below and the noise
+SECOND = PEAK - 2.7  # p 0.06
+THIRD = PEAK - 3.5   # p 0.03
+RUNNER_UP = 0.5     # share of the draft's misses where the target's favourite is its second choice
+
+_M64 = (1 << 64) - 1
+_AGREE, _DRAFT = 0x5EED_A9E5, 0xD4AF_7001  # salts: the draft's coin per context, its own choice
+
+
+def mix(x: int) -> int:
+    """splitmix64's finalizer: a well-spread 64-bit hash of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def context_hash(tail: Sequence[int], pos: int) -> int:
+    h = mix(pos)
+    for t in tail:
+        h = mix(h ^ t)
+    return h
+
+
+def _word(h: int, *avoid: int) -> int:
+    w = WORD0 + h % N_WORDS
+    while w in avoid:
+        w = WORD0 + (w - WORD0 + 1) % N_WORDS
+    return w
+
+
+@functools.lru_cache(maxsize=1)
+def noise() -> np.ndarray:
+    """(POOL, N_VOCAB) float32: the rows a logit row starts from."""
+    rows = np.random.default_rng(0).standard_normal((POOL, N_VOCAB), dtype=np.float32) - np.float32(4.0)
+    rows[:, WORD0 + N_WORDS:] = -30.0
+    return rows
+
+
+def choices(tail: Sequence[int], pos: int, agreement: float | None) -> tuple[int, int, int, int]:
+    """(noise row, favourite, second, third) after `tail` ending at `pos`: the target's (agreement
+    None), or the draft's."""
+    h = context_hash(tail, pos)
+    fav = _word(h)
+    target = (h % POOL, fav, _word(mix(h ^ 1), fav), _word(mix(h ^ 2), fav))
+    if agreement is None or mix(h ^ _AGREE) < agreement * 2**64:
+        return target
+    d = mix(h ^ _DRAFT)
+    mine = _word(d, fav)
+    second = fav if mix(d ^ 3) < RUNNER_UP * 2**64 else _word(mix(d ^ 1), fav, mine)
+    return (d % POOL, mine, second, _word(mix(d ^ 2), fav, mine, second))
+
+
+def rows_for(picks: Sequence[tuple[int, int, int, int]], out: np.ndarray | None = None) -> np.ndarray:
+    """(len(picks), N_VOCAB) float32 logit rows for choices(): new, or written into `out`."""
+    if not picks:
+        return np.empty((0, N_VOCAB), np.float32)
+    p = np.asarray(picks)
+    out = np.take(noise(), p[:, 0], axis=0, out=out)
+    at = np.arange(len(p))
+    out[at, p[:, 1]] = PEAK
+    out[at, p[:, 2]] = SECOND
+    out[at, p[:, 3]] = THIRD
+    return out
+
+
+# ---------------------------------------------------------------- the vocabulary
+
+SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "si", "pe", "da",
+             "go", "hu", "be", "ri", "zu", "fa", "to", "le", "ma", "no")
+_PIECES = re.compile(r"\s?\w+|\s?[^\w\s]+|\s+")
+_SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIALS) + ")")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def word_piece(token: int) -> bytes:
+    """A readable word for a word id: its index in base 20, one syllable a digit, after a space."""
+    n, out = token - WORD0, []
+    while True:
+        n, d = divmod(n, len(SYLLABLES))
+        out.append(SYLLABLES[d])
+        if not n:
+            return (" " + "".join(reversed(out))).encode()
+
+
+class PricedModel:
+    """One side of a priced pair: the target, or the draft that agrees with it at `agreement`."""
+
+    def __init__(self, table: PriceTable, role: str, agreement: float | None = None) -> None:
+        self.table, self.role = table, role
+        self.agreement = agreement if role == "draft" else None
+        self.curve: Curve = table.curve(role)
+        self.path = Path(f"/priced/{table.name}-{role}")  # no file: calibration profiles skip it
+        self.n_vocab = N_VOCAB
+        noise()  # made now (once a process, ~30 ms), not in the first decode's price
+
+    def price_s(self, n: int) -> float:
+        """Seconds one decode of n tokens costs."""
+        return self.curve.ms(n) / 1e3
+
+    def info(self) -> ModelInfo:
+        s = self.table.shape(self.role)
+        return ModelInfo(path=str(self.path), description=f"priced: {self.table.device} table {self.table.name}, "
+                         f"{s.name} ({self.role})", n_params=s.n_params, size_bytes=s.size_bytes, n_vocab=N_VOCAB,
+                         n_layer=s.n_layer, n_ctx_train=32_768, gpu_layers=s.n_layer + 1,
+                         kv_bytes_per_cell=s.kv_bytes_per_cell)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Words and runs of punctuation (with a leading space) to ids: a single byte is its byte's
+        id, a longer piece a word id by hash; with parse_special the chat markers are their tokens."""
+        out = []
+        for part in (_SPECIAL.split(text) if parse_special else [text]):
+            if part in SPECIALS:
+                out.append(SPECIALS[part])
+                continue
+            for piece in _PIECES.findall(part):
+                b = piece.encode()
+                out.append(b[0] if len(b) == 1 else
+                           _word(int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "little")))
+        return out
+
+    def piece(self, token: int) -> bytes:
+        if token < WORD0:
+            return bytes([token])
+        return word_piece(token) if token < WORD0 + N_WORDS else b""  # special tokens render as empty
+
+    def is_eog(self, token: int) -> bool:
+        return token in EOG
+
+    def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return text + ("<|im_start|>assistant\n" if add_assistant else "")
+
+    def close(self) -> None: ...
+
+
+class PricedContext(CellCache):
+    """A KV cache of a priced model. Never used from two threads at once; two contexts wait in parallel."""
+
+    def __init__(self, model: PricedModel, n_ctx: int = 4096, n_batch: int = 512, n_seq_max: int = 1,
+                 threads: int = 1) -> None:
+        super().__init__(n_ctx, n_seq_max)
+        self.model = model
+        self.n_batch = n_batch
+        self.threads = threads
+        self.abort = threading.Event()
+        self._out = np.empty((0, N_VOCAB), np.float32)  # the rows decode(copy=False) hands out, as llama.cpp's buffer
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = threads  # a price is the GPU's: the host's threads change nothing
+
+    def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
+               logits_for: Sequence[int], copy: bool = True) -> np.ndarray:
+        """Decode one batch: its cells stored, its rows built, the rest of its price waited out. copy=False:
+        the rows are written into the context's own buffer (valid until its next decode), whose pages
+        stay mapped, as llama.cpp's output buffer does."""
+        t0 = time.perf_counter()
+        n = len(tokens)
+        if n == 0:
+            return np.empty((0, N_VOCAB), np.float32)
+        if n > self.n_batch:
+            raise DecodeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        if self.abort.is_set():
+            raise Aborted()
+        price = self.model.price_s(n)
+        cells = self.store(tokens, positions, seqs)
+        agreement = self.model.agreement
+        picks = [choices(self.tail(seq_ids(seqs[i])[0], positions[i], CONTEXT), positions[i], agreement)
+                 for i in logits_for]
+        if not copy and len(self._out) < len(picks):
+            self._out = np.empty((len(picks), N_VOCAB), np.float32)
+        rows = rows_for(picks, None if copy else self._out[:len(picks)])
+        if self.abort.wait(max(0.0, price - (time.perf_counter() - t0))):
+            self.unstore(cells)  # as llama.cpp does: an aborted batch leaves the cache as it was
+            DECODES.add(time.perf_counter() - t0, 0)
+            raise Aborted()
+        DECODES.add(price, len(logits_for))
+        return rows
+
+    def close(self) -> None: ...

@@ -1,0 +1,57 @@
+"""The engine over a priced pair (ssd_edge.priced.engine): every mode emits the target's tokens, the
+draft's agreement is what sd accepts, and a generation's decodes are on the decode clock at their prices."""
+
+from __future__ import annotations
+
+import pytest
+
+from ssd_edge import priced
+from ssd_edge.config import EngineConfig, SamplingConfig
+from ssd_edge.interface import DECODES
+
+GREEDY = SamplingConfig(temperature=0.0, seed=0)
+PROMPT = [{"role": "user", "content": "Write a function that merges two sorted lists."}]
+
+
+def build(agreement: float = 0.95, **cfg):
+    return priced.engine(EngineConfig.build(target=dict(path="priced"), draft=dict(path="priced"), n_ctx=1024,
+                                            **cfg), "h200-1.5b", agreement)
+
+
+def test_greedy_generations_are_the_same_tokens_in_every_mode():
+    engine = build()
+    out = {}
+    for mode in ("ar", "sd", "ssd", "lookup", "auto"):
+        engine.reset()
+        out[mode] = engine.complete(messages=PROMPT, max_tokens=48, mode=mode, sampling=GREEDY)
+    assert all(c.tokens == out["ar"].tokens for c in out.values()), {m: c.tokens[:8] for m, c in out.items()}
+    assert len(out["ar"].tokens) == 48 and out["ar"].stop_reason == "length"  # no end of generation
+    assert out["sd"].stats.drafted > 0 and out["ssd"].stats.drafted > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_sd_accepts_what_the_draft_agrees_on(temperature):
+    """Agreement 1: the draft's rows are the target's, so every draft is accepted, greedy or sampled
+    (the coupled draws are equal on equal rows); agreement 0: none is."""
+    s = SamplingConfig(temperature=temperature, seed=3)
+    for agreement, acceptance in ((1.0, 1.0), (0.0, 0.0)):
+        st = build(agreement).complete(messages=PROMPT, max_tokens=32, mode="sd", sampling=s).stats
+        assert st.drafted > 0 and st.accepted == acceptance * st.drafted, (agreement, st.accepted, st.drafted)
+
+
+def test_sampled_sd_is_the_target_s_draws():
+    s = SamplingConfig(temperature=1.0, seed=7)
+    ar = build().complete(messages=PROMPT, max_tokens=40, mode="ar", sampling=s)
+    sd = build().complete(messages=PROMPT, max_tokens=40, mode="sd", sampling=s)
+    assert sd.tokens == ar.tokens and 0 < sd.stats.accepted < sd.stats.drafted
+
+
+def test_a_generation_s_decodes_are_on_the_clock_at_their_prices():
+    engine = build()
+    seconds0, rows0 = DECODES.read()
+    c = engine.complete(messages=PROMPT, max_tokens=16, mode="ar", sampling=GREEDY)
+    seconds, rows = DECODES.read()
+    prompt = len(engine.prompt_tokens(messages=PROMPT))
+    price = engine.target.curve.ms(prompt) + (len(c.tokens) - 1) * engine.target.curve.ms(1)  # a prefill, steps
+    assert seconds - seconds0 == pytest.approx(price / 1e3) and rows - rows0 == len(c.tokens)
+    assert c.stats.wall_s > price / 1e3

@@ -1,0 +1,197 @@
+"""The priced backend (ssd_edge/priced): its price tables, a decode that waits its price and says so on
+DECODES, rows of the real vocabulary's width, a draft that agrees with the target at the chosen rate with
+rows identical where it agrees, and the KV semantics of llama.cpp's unified cache (a wrong rollback gives
+wrong rows, an abort leaves the cache as it was)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ssd_edge.errors import ConfigError
+from ssd_edge.interface import DECODES, Aborted, AbortSignal, BackendContext, BackendModel
+from ssd_edge.priced import Priced, PricedContext, PricedModel, TABLES
+from ssd_edge.priced.backend import EOG, N_VOCAB, PEAK, WORD0, choices
+
+T15 = TABLES["h200-1.5b"]
+SLACK_S = 0.030  # a loaded 2-core machine may wake a waiter late; never early
+
+
+def pair(agreement: float = 0.95, table: str = "h200-1.5b", n_seq_max: int = 1):
+    target, draft = Priced(table, agreement).models()
+    return PricedContext(target, n_seq_max=n_seq_max), PricedContext(draft, n_seq_max=n_seq_max)
+
+
+def feed(ctx: PricedContext, tokens: list[int], start: int = 0, seq: int = 0) -> np.ndarray:
+    """Decode tokens at start.. of `seq`, every row wanted."""
+    n = len(tokens)
+    return ctx.decode(tokens, range(start, start + n), [seq] * n, list(range(n)))
+
+
+def words(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(WORD0, WORD0 + 150_000) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- prices
+
+def test_prices_are_the_table_interpolated_between_its_sizes_and_extrapolated_past_them():
+    t = T15.target
+    assert t.ms(1) == 1.70 and t.ms(2) == 3.42 and t.ms(8) == 3.96 and t.ms(12) == 5.67 and t.ms(32) == 7.76
+    assert t.ms(9) == pytest.approx(3.96 + (5.67 - 3.96) / 4)           # a verify of 8
+    assert t.ms(5) == pytest.approx((3.39 + 3.74) / 2)
+    assert all(t.ms(n) <= t.ms(n + 1) for n in range(8, 16))            # monotone between neighbours
+    assert t.ms(40) == pytest.approx(7.76 + 8 * (7.76 - 6.00) / 16)     # a prompt: the 16..32 slope
+    d = T15.draft
+    assert d.ms(1) == 0.25 and d.ms(4) == 0.39 and d.ms(2) == pytest.approx(0.38 + 0.01 / 3)
+    assert TABLES["h200-7b"].target.ms(1) == 3.38 and TABLES["h200-7b"].draft is d
+
+
+def test_a_decode_waits_its_price_and_puts_it_on_the_decode_clock():
+    target, _ = pair()
+    seconds0, rows0 = DECODES.read()
+    walls = {}
+    for n, start in ((9, 0), (1, 9), (1, 10)):  # a verify of 8, then two plain steps
+        price = T15.target.ms(n) / 1e3
+        t0 = time.perf_counter()
+        rows = feed(target, words(n, start), start)
+        walls[n] = time.perf_counter() - t0
+        assert rows.shape == (n, N_VOCAB)
+        assert price - 5e-5 <= walls[n] < price + SLACK_S, (n, walls[n], price)
+    seconds, rows = DECODES.read()
+    assert seconds - seconds0 == pytest.approx((T15.target.ms(9) + 2 * T15.target.ms(1)) / 1e3)
+    assert rows - rows0 == 11
+    assert 0.0041 < walls[9] and 0.0017 <= walls[1]
+
+
+def test_rows_are_float32_the_vocabulary_wide_and_peaked_at_a_word():
+    target, _ = pair()
+    rows = feed(target, words(20))
+    assert rows.dtype == np.float32 and rows.shape == (20, N_VOCAB)
+    fav = rows.argmax(axis=1)
+    assert (rows[np.arange(20), fav] == PEAK).all()
+    assert not any(int(t) in EOG for t in fav)
+    # at T=1 the favourite has ~0.9, over the top 40 or the whole vocabulary: sampled, not one-hot
+    for top in (np.sort(rows, axis=1)[:, -40:].astype(np.float64), rows.astype(np.float64)):
+        p = np.exp(top - top.max(axis=1, keepdims=True))
+        p_fav = p.max(axis=1) / p.sum(axis=1)
+        assert (0.88 < p_fav).all() and (p_fav < 0.93).all(), p_fav
+
+
+@pytest.mark.parametrize("agreement", [0.95, 0.6])
+def test_the_draft_agrees_with_the_target_at_its_rate(agreement):
+    rng = random.Random(1)
+    n = 20_000
+    agree = sum(choices(tail, pos, agreement)[1] == choices(tail, pos, None)[1]
+                for tail, pos in (((rng.randrange(N_VOCAB), rng.randrange(N_VOCAB), rng.randrange(N_VOCAB)),
+                                   rng.randrange(4096)) for _ in range(n)))
+    sd = (agreement * (1 - agreement) / n) ** 0.5
+    assert abs(agree / n - agreement) < 5 * sd, agree / n
+
+
+def test_target_and_draft_rows_are_identical_where_they_agree_and_differ_where_not():
+    target, draft = pair(0.7)
+    tokens = words(240, seed=2)
+    same = differ = 0
+    for start in range(0, len(tokens), 24):
+        t = feed(target, tokens[start:start + 24], start)
+        d = feed(draft, tokens[start:start + 24], start)
+        for tr, dr in zip(t, d):
+            if tr.argmax() == dr.argmax():
+                assert np.array_equal(tr, dr)
+                same += 1
+            else:
+                assert not np.array_equal(tr, dr)
+                differ += 1
+    assert 0.55 < same / (same + differ) < 0.85  # 0.7, loosely: 240 contexts
+
+
+def test_the_rows_depend_on_the_sequence_stored_so_a_wrong_rollback_gives_wrong_rows():
+    ctx, _ = pair()
+    t, u = words(10, seed=3), words(10, seed=4)
+    fresh = feed(PricedContext(ctx.model), t[:5] + u[5:])
+    feed(ctx, t)
+    ctx.seq_rm(0, 5)                                          # the right rollback
+    assert ctx.seq_pos_max(0) == 4 and len(ctx.cells) == 5
+    assert np.array_equal(feed(ctx, u[5:], 5), fresh[5:])
+    wrong = PricedContext(ctx.model)
+    feed(wrong, t)
+    wrong.seq_rm(0, 6)                                        # a rollback one short: t5 stays where u5 belongs
+    rows = feed(wrong, u[6:], 6)
+    assert not np.array_equal(rows[0], fresh[6]) and not np.array_equal(rows[1], fresh[7])  # t5 in their 3
+    assert np.array_equal(rows[2:], fresh[8:])                # past the 3 tokens the next one depends on
+    with pytest.raises(AssertionError, match="batch starts at 5"):
+        feed(wrong, u[5:], 5)                                 # llama.cpp's rule: the last position + 1
+
+
+def test_branches_share_cells_in_the_unified_cache():
+    ctx, _ = pair(n_seq_max=3)
+    t = words(8, seed=5)
+    feed(ctx, t[:6])
+    ctx.seq_cp(0, 1)
+    ctx.seq_cp(0, 2)
+    assert ctx.seq_pos_max(1) == ctx.seq_pos_max(2) == 5 and len(ctx.cells) == 6  # metadata only
+    rows = ctx.decode([t[6], t[7]], [6, 6], [1, 2], [0, 1])  # one batch grows both branches
+    solo = PricedContext(ctx.model)
+    assert np.array_equal(rows[0], feed(solo, t[:7])[6])
+    solo.seq_rm(0, 6)
+    assert np.array_equal(rows[1], feed(solo, [t[7]], 6)[0])
+    ctx.seq_rm(1)
+    ctx.seq_rm(2)
+    assert len(ctx.cells) == 6 and ctx.cells_outside(0) == 0  # the branches' own cells freed
+    with pytest.raises(AssertionError, match="out of range"):
+        ctx.decode([1], [6], [3], [0])
+
+
+def test_an_abort_cuts_the_wait_short_and_leaves_the_cache_as_it_was():
+    ctx, _ = pair()
+    feed(ctx, words(4))
+    prompt = words(400, seed=6)  # priced by the 16..32 slope: ~49 ms
+    assert ctx.model.price_s(400) > 0.045
+    timer = threading.Timer(0.005, ctx.abort.set)
+    timer.start()
+    t0 = time.perf_counter()
+    with pytest.raises(Aborted):
+        ctx.decode(prompt, range(4, 404), [0] * 400, [399])
+    assert time.perf_counter() - t0 < 0.040
+    assert ctx.seq_pos_max(0) == 3 and len(ctx.cells) == 4
+    with pytest.raises(Aborted):  # set: the next decode stops too, until cleared
+        feed(ctx, [5], 4)
+    ctx.abort.clear()
+    assert feed(ctx, [5], 4).shape == (1, N_VOCAB)
+
+
+def test_the_vocabulary_reads_and_the_chat_markers_are_special():
+    model = PricedModel(T15, "target")
+    chat = model.render_chat([{"role": "user", "content": "Hi there!"}])
+    assert chat == "<|im_start|>user\nHi there!<|im_end|>\n<|im_start|>assistant\n"
+    ids = model.tokenize(chat, parse_special=True)
+    assert ids[0] == ids[-3] == 151_644 and ids.count(151_645) == 1 and model.is_eog(151_645)
+    assert model.tokenize(chat, parse_special=True) == ids and 151_644 not in model.tokenize(chat)
+    assert len(model.tokenize("def fib(n): return n")) == 7  # words and punctuation, not bytes
+    assert model.piece(ord("x")) == b"x" and model.piece(151_645) == b""
+    word = model.piece(WORD0 + 12_345)
+    assert word.startswith(b" ") and word[1:].isalpha() and word != model.piece(WORD0 + 12_346)
+    assert model.n_vocab == N_VOCAB == 151_936 and model.info().description.startswith("priced: H200 table")
+
+
+def test_the_priced_backend_implements_the_protocol():
+    ctx, _ = pair()
+    assert isinstance(ctx.model, BackendModel) and isinstance(ctx, BackendContext)
+    assert isinstance(ctx.abort, AbortSignal)
+
+
+def test_a_priced_pair_is_named_by_its_table_and_the_drafts_agreement():
+    assert Priced.parse("h200-7b@0.8") == Priced("h200-7b", 0.8)
+    assert Priced.parse("h200-1.5b", 0.9).agreement == 0.9 and Priced.parse("h200-1.5b").agreement == 0.95
+    assert Priced.parse("h200-1.5b").label == "priced: H200 table h200-1.5b, draft agreement 0.95"
+    for bad, match in (("a100", "no price table"), ("h200-1.5b@x", "must be a number"),
+                       ("h200-1.5b@1.5", "between 0 and 1")):
+        with pytest.raises(ConfigError, match=match):
+            Priced.parse(bad)
+    with pytest.raises(ConfigError, match="already gives"):
+        Priced.parse("h200-1.5b@0.9", 0.8)
