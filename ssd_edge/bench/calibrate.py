@@ -129,9 +129,22 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
     tick("done", 1.0)
     return prof.Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
-        target=prof.ModelId.of(engine.model_paths[0]), draft=prof.ModelId.of(engine.model_paths[1]), k_max=k_max,
+        target=model_id(engine, 0), draft=model_id(engine, 1), k_max=k_max,
         costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load,
         memory={**engine.memory().to_dict(), "n_ctx": engine.config.n_ctx})
+
+
+def model_id(engine: Engine, role: int) -> prof.ModelId | None:
+    """The target's (role 0) or the draft's (1) id in a profile: its file's name and size, or for a model
+    without a file (a priced pair's, held in memory only) its name and the size its info gives."""
+    path = engine.model_paths[role]
+    if path is None:
+        return None
+    try:
+        return prof.ModelId.of(path)
+    except OSError:
+        info = engine.model_info[role]
+        return prof.ModelId(name=path.name, size=info.size_bytes if info is not None else 0)
 
 
 VERIFY_TOKENS = 4  # the target decode whose slowdown beside the draft is timed (a verify of 3)

@@ -207,11 +207,17 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
     rows = result.summary
     m = result.machine
     lines: list[str] = []
-    if not brief:
+    # a priced run (--priced) says so first, brief or not: never to be read as a GPU's numbers
+    priced = [f"**{m.priced}**: synthetic models whose decodes wait a GPU's measured prices on this CPU "
+              f"({m.cpu}), not a GPU measurement", ""] if m.priced else []
+    if brief:
+        lines += priced
+    else:
         models = ", ".join(f"{x.role} {x.name} ({x.size / 2**20:.0f} MiB)" for x in result.models)
         lines += [
             f"# ssd-edge bench — {result.created}",
             "",
+            *priced,
             f"- command: `{' '.join(result.command)}`",
             f"- machine: {m.cpu}, {m.cores} cores, {m.ram_gib} GiB RAM, {m.os}; load average at start "
             f"{m.load_avg_start[0]:.2f}, at end {_f(m.load_avg_end[0] if m.load_avg_end else None)}",
@@ -229,9 +235,11 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
         lines.append("")
     regimes = [s for s in result.settings if s.regime]
     if regimes:
-        lines += ["The regime of each setting's target (from its calibrated verify curve):", ""]
+        lines += ["The regime of each setting's target (from its calibrated verify curve; a priced run's: its "
+                  "table):", ""]
         for s in regimes:
-            curve = ", ".join(f"{x:.0f}" for x in (s.verify_ms or [])[:9])
+            head = (s.verify_ms or [])[:9]
+            curve = ", ".join(f"{x:.2f}" if max(head) < 10 else f"{x:.0f}" for x in head)  # GPU prices: ms to 0.01
             lines.append(f"- `{s.name}`: {s.regime}" + (f" (ms of a decode of 1..9 tokens: {curve})" if curve else ""))
         lines.append("")
     lines += ["t/s: decode tokens/s (after the first token); answer t/s: prompt to last token (TTFT and decode; "
@@ -331,7 +339,9 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         if hit_modes or "sd" in modes:
             ax.legend(fontsize=8, loc="upper left")
     target = next((m.name for m in result.models if m.role == "target"), "")
-    fig.suptitle(f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
+    priced = result.machine.priced  # a priced run's plot says so in its title, on a line of its own
+    fig.suptitle(f"ssd-edge bench, {result.options.max_tokens} tokens\n{priced}" if priced else
+                 f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -15,6 +15,9 @@ caches are cleared before each run, so each one prefills its prompt like a
 fresh request. llama.cpp's own speculative decoding (peer.py) runs
 interleaved with them when its binary is found.
 
+With --priced, the modes run on a priced pair instead (pricing.py): one
+setting, no model files, no llama.cpp peer, results labelled with the table.
+
 Writes bench.json (validated against schema.BenchResult), bench.md (tables in
 the style of llama-bench) and bench.png (report.py) into --output.
 """
@@ -198,13 +201,15 @@ class Bench:
 
     def __init__(self, args: BenchArgs, target: Path, draft: Path, stand_in: Path | None = None) -> None:
         from ..planning.profile import device_info
-        from . import peer as bench_peer
+        from . import peer as bench_peer, pricing as bench_pricing
 
         self.args = args
         self.target, self.draft = target, draft
         self.cores = device_info().cores
+        self.priced = args.priced_pair()
         all_settings = hardware_settings(self.cores)
-        self.settings = [all_settings[s] for s in args.settings]
+        self.settings = [all_settings[s] for s in args.settings] if self.priced is None else \
+            [bench_pricing.setting(self.priced)]
         if stand_in is not None:  # the same settings again with the memory-bound stand-in as the target
             self.settings += [s.model_copy(update=dict(
                 name=f"{s.name} {args.stand_in}", target=str(stand_in), stand_in=True,
@@ -221,8 +226,9 @@ class Bench:
         self.engine_configs: dict[str, dict[str, Any]] = {}
         self.profile: dict[str, Any] | None = None
         self.notes: list[str] = []
-        self.peer_bin = None if args.no_peer else bench_peer.find_binary(args.llama_tools)
-        self.lookup_bin = None if args.no_peer else bench_peer.find_binary(args.llama_tools, bench_peer.LOOKUP)
+        no_peer = args.no_peer or self.priced is not None
+        self.peer_bin = None if no_peer else bench_peer.find_binary(args.llama_tools)
+        self.lookup_bin = None if no_peer else bench_peer.find_binary(args.llama_tools, bench_peer.LOOKUP)
         self.t0 = time.perf_counter()
 
     def units(self) -> int:
@@ -257,18 +263,29 @@ class Bench:
                                   mode="ar", spec=dict(k=a.k), sampling=dict(temperature=a.temp, seed=a.seed),
                                   verbose=a.verbose)
 
+    def open_engine(self, cfg: EngineConfig):
+        """The setting's engine: over the models' files, or over the priced pair."""
+        from ..engine import Engine
+
+        return Engine(cfg) if self.priced is None else self.priced.engine(cfg)
+
     def run(self, tick: Tick, calibrating: Callable[[str, float], None]) -> None:
         from .calibrate import ensure_profile
-        from . import report as bench_report
-        from ..engine import Engine
+        from . import pricing as bench_pricing, report as bench_report
 
         a = self.args
         calibrated: set[Path] = set()
         for i, s in enumerate(self.settings):
             cfg = self.config(s)
             self.engine_configs[s.name] = cfg.model_dump()
-            with Engine(cfg) as engine:
-                if "auto" in a.modes and not a.no_calibrate:
+            with self.open_engine(cfg) as engine:
+                if "auto" in a.modes and not a.no_calibrate and self.priced is not None:
+                    prof = bench_pricing.calibrate(engine, self.priced, calibrating)
+                    self.profile = {"measured_now": True, **json.loads(prof.model_dump_json())}
+                    self.notes.append(f"auto planned from a profile measured on the priced pair before its runs "
+                                      f"({prof.calibration_s:.0f} s), held in memory: no saved profile was read "
+                                      "or written")
+                elif "auto" in a.modes and not a.no_calibrate:
                     target = self.target_of(s)
                     prof, measured = ensure_profile(engine, recalibrate=a.recalibrate and target not in calibrated,
                                                     progress=calibrating)
@@ -324,7 +341,7 @@ class Bench:
                                          encode_s=r.encode_s))
 
     def result(self, machine: MachineInfo, interrupted: bool) -> BenchResult:
-        from . import peer as bench_peer, report as bench_report
+        from . import peer as bench_peer, pricing as bench_pricing, report as bench_report
 
         a = self.args
         machine.load_avg_end = os.getloadavg()
@@ -335,15 +352,18 @@ class Bench:
                   "draft length, --spec-draft-p-min 0, greedy; tokens/s from its 'decoded' line"
                   + ("; llama-lookup (n-gram lookup, the target alone) at the same draft length" if self.lookup_bin
                      else "; llama-lookup not found"))
-            if self.peer_bin else ("not available: --no-peer" if a.no_peer else
-                                   "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh "
-                                   "or --llama-tools DIR)"),
+            if self.peer_bin else bench_pricing.PEER_NOTE if self.priced else
+            ("not available: --no-peer" if a.no_peer else
+             "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh or --llama-tools DIR)"),
             runs=self.peer_runs, errors=self.peer_errors)
         summary = bench_report.summarize(self.records, self.peer_runs, k=self.peer_k)
-        opts = BenchOptions(modes=list(a.modes), settings=list(a.settings), k=a.k, max_tokens=a.max_tokens,
-                            reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size, quick=a.quick,
+        opts = BenchOptions(modes=list(a.modes), settings=[s.name for s in self.settings if not s.stand_in], k=a.k,
+                            max_tokens=a.max_tokens, reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size,
+                            quick=a.quick,
                             peer_k=list(a.peer_k) if self.peer_bin else [], categories=sorted({p.category for p in self.prompts}))
         notes = self.notes + [
+            f"{self.priced.label}: synthetic models whose decodes wait a GPU's measured prices on this CPU; the "
+            "host's work (Python, sampling, planning) is this machine's" if self.priced else
             "separate setting: threads=1 per model, no pinning; with one thread llama.cpp computes on the "
             "calling thread, and the OS places the two busy threads on the two cores",
             "decode tokens/s counts the tokens after the first round over the time after it (the first round "
@@ -353,8 +373,9 @@ class Bench:
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             command=["ssd-edge", "bench", *a.argv], duration_s=time.perf_counter() - self.t0, interrupted=interrupted,
             machine=machine, libraries=library_versions(),
-            models=[ModelInfo(role="target", name=self.target.name, path=str(self.target), size=self.target.stat().st_size),
-                    ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
+            models=bench_pricing.models(self.priced) if self.priced else
+            [ModelInfo(role="target", name=self.target.name, path=str(self.target), size=self.target.stat().st_size),
+             ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
             + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
                for p in {Path(s.target) for s in self.settings if s.target}],
             options=opts, settings=self.settings, engine_configs=self.engine_configs, prompts=self.prompts,
@@ -392,6 +413,8 @@ class BenchArgs:
     verbose: bool = False
     rpc: str | None = None                       # --rpc HOST:PORT[,...]: the target on these rpc-servers
     stand_in: str | None = None                  # --stand-in TYPE: the settings again, the target converted to TYPE
+    priced: str | None = None                    # --priced TABLE[@AGREEMENT]: a priced pair instead of model files
+    agreement: float | None = None               # --agreement: the priced draft's (default 0.95)
     argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
 
     def checked(self) -> BenchArgs:
@@ -410,12 +433,28 @@ class BenchArgs:
 
         if self.stand_in is not None and self.stand_in not in DERIVED_KINDS:
             raise ConfigError(f"--stand-in: choose one of {', '.join(DERIVED_KINDS)}")
+        if self.priced is None and self.agreement is not None:
+            raise ConfigError("--agreement is the priced draft's: give --priced TABLE with it")
+        if self.priced is not None:
+            self.priced_pair()  # a table that exists, an agreement in [0, 1]
+            given = [f for f, v in (("-m", self.model), ("-md", self.model_draft), ("--stand-in", self.stand_in),
+                                    ("--rpc", self.rpc)) if v]
+            if given:
+                raise ConfigError(f"--priced runs a priced pair, not model files: drop {', '.join(given)}")
         return dataclasses.replace(
             self, max_tokens=min(self.max_tokens, 24) if self.quick else self.max_tokens,
             # a profile prices a target on this device; one over --rpc is not
             no_calibrate=self.no_calibrate or bool(self.rpc),
             peer_k=() if self.quick else self.peer_k,
             modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
+
+    def priced_pair(self):
+        """The priced pair --priced names (ssd_edge.priced.Priced), or None."""
+        if self.priced is None:
+            return None
+        from ..priced import Priced
+
+        return Priced.parse(self.priced, self.agreement)
 
 
 def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -453,13 +492,17 @@ def main(args: BenchArgs) -> int:
     from ..planning.profile import device_info
     from ..models.catalog import resolve_model
     from ..progress import Progress
-    from . import report as bench_report
+    from . import pricing as bench_pricing, report as bench_report
 
     args = args.checked()
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    target_name, draft_name = default_pair(args.model, args.model_draft, args.models_dir)
-    target = resolve_model(target_name, args.models_dir)
-    draft = resolve_model(draft_name, args.models_dir)
+    priced = args.priced_pair()
+    if priced is not None:  # no files: the priced models' names stand in their place
+        target, draft = (m.path for m in priced.models())
+    else:
+        target_name, draft_name = default_pair(args.model, args.model_draft, args.models_dir)
+        target = resolve_model(target_name, args.models_dir)
+        draft = resolve_model(draft_name, args.models_dir)
     stand_in = None
     if args.stand_in:
         stand_in = _stand_in(target_name, args.stand_in, args.models_dir, console)
@@ -469,11 +512,15 @@ def main(args: BenchArgs) -> int:
     except OSError as e:
         raise ConfigError(f"cannot create the output folder {out}: {e.strerror}") from None
     bench = Bench(args, target, draft, stand_in)
-    machine = machine_info(device_info().cores)
+    cores = device_info().cores
+    machine = machine_info(cores) if priced is None else bench_pricing.machine(priced, cores)
     if machine.load_avg_start[0] > 0.5 * machine.cores:
         console.print(f"[yellow]note:[/] load average {machine.load_avg_start[0]:.2f} on {machine.cores} cores: "
                       "other work is running; numbers will be noisy")
-    if bench.peer_bin is None and not args.no_peer:
+    if priced is not None:
+        console.print(f"[yellow]note:[/] {priced.label}: synthetic models waiting a GPU's prices on this CPU, not a "
+                      "GPU measurement; one setting, no llama.cpp peer")
+    elif bench.peer_bin is None and not args.no_peer:
         console.print("[yellow]note:[/] llama-speculative-simple not found; the llama.cpp column is 'not "
                       "available' (build it with scripts/build_llama_tools.sh)")
     interrupted = False

@@ -42,6 +42,8 @@ class MachineInfo(BaseModel):
     llama_system_info: str
     load_avg_start: tuple[float, float, float]
     load_avg_end: tuple[float, float, float] | None = None
+    priced: str | None = Field(default=None, description="the price table a priced run waited on (`--priced`): "
+                               "the models were synthetic and no GPU ran; None: real models on this machine")
 
 
 class ModelInfo(BaseModel):

@@ -46,6 +46,14 @@ BENCH_HELP = {
     "rpc": "HOST:PORT[,...]: the target's layers on these llama.cpp rpc-servers, the draft here (no calibration; "
            "the llama.cpp peer column stays local: add --no-peer)",
 }
+PRICED_HELP = ("run the modes on a priced pair instead of model files: a synthetic target and draft whose every "
+               "decode waits what one llama_decode of its size took on a GPU (tables: h200-1.5b, h200-7b; one "
+               "H200, FIELD_NOTES 2026-12-04), so the engine's host cost and the planner meet GPU prices on this "
+               "CPU. @AGREEMENT: how often the draft agrees with the target (default 0.95). Results are labelled "
+               "'priced: H200 table', never a GPU measurement. One setting, 'priced', at 1+1 threads (threads "
+               "change no price; the draft's worker runs beside the target as on a GPU): --settings does not "
+               "apply; no llama.cpp peer; auto plans from a profile measured on the priced pair, in memory "
+               "(saved profiles are untouched)")
 CALIBRATE_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "verbose", "debug"]
 CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
                   "n_predict": "tokens per acceptance-probe generation (default 48; --quick: 24)"}
@@ -102,6 +110,11 @@ def bench(
                                                     "derive`, made once if missing), a measuring stand-in of the "
                                                     "memory-bound regime of GPUs and Apple silicon",
                                                     show_default=False)] = None,
+    priced: Annotated[Optional[str], typer.Option("--priced", metavar="TABLE[@AGREEMENT]", help=PRICED_HELP,
+                                                  show_default=False)] = None,
+    agreement: Annotated[Optional[float], typer.Option("--agreement", help="with --priced: how often the priced "
+                                                       "draft's favourite is the target's (0..1, default 0.95)",
+                                                       show_default=False)] = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True)] = None,  # -n's old name
     *, flags: dict[str, Any],
 ) -> None:
@@ -123,7 +136,8 @@ def bench(
             seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
             no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
-            verbose=bool(flags["verbose"]), rpc=f.get("rpc"), stand_in=stand_in, argv=_argv_after(ctx, "bench"))
+            verbose=bool(flags["verbose"]), rpc=f.get("rpc"), stand_in=stand_in, priced=priced, agreement=agreement,
+            argv=_argv_after(ctx, "bench"))
         code = run_bench(args)
     raise typer.Exit(code)
 

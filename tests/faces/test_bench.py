@@ -347,3 +347,54 @@ def test_a_stand_in_runs_every_setting_again_on_its_own_target(tmp_path):
     assert b.config(b.settings[3]).target.path == str(stand_in)
     with pytest.raises(ConfigError, match="--stand-in: choose one of"):
         bench.BenchArgs(stand_in="q9").checked()
+
+
+# ---------------------------------------------------------------- --priced (ssd_edge/priced, bench/pricing.py)
+
+def test_a_priced_run_needs_no_model_files_and_is_labelled_priced(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    code, stdout, err = ssd_edge(["bench", "--priced", "h200-1.5b@0.9", "--quick", "--modes", "ar,sd",
+                                  "--category", "code", "-n", "6", "-o", str(out)])
+    assert code == 0, err
+    result = BenchResult.model_validate_json((out / "bench.json").read_text())
+    label = "priced: H200 table h200-1.5b, draft agreement 0.9"
+    assert result.machine.priced == label and result.machine.llama_system_info.startswith("not used")
+    assert [s.name for s in result.settings] == ["priced"] and label in result.settings[0].regime
+    assert result.settings[0].verify_ms[:2] == [1.70, 3.42]                      # the table's own curve
+    assert [m.name for m in result.models] == ["h200-1.5b-target", "h200-1.5b-draft"]
+    assert [(r.mode, r.tokens) for r in result.runs] == [("ar", 6), ("sd", 6)]
+    assert result.runs[0].output_sha == result.runs[1].output_sha and result.runs[1].drafted > 0
+    assert not result.peer.available and "priced pair" in result.peer.note
+    assert stdout.startswith(f"**{label}**") and "not a GPU measurement" in stdout
+    assert f"**{label}**" in (out / "bench.md").read_text()
+    assert (out / "bench.png").exists()
+    assert not (tmp_path / "home").exists()                                      # no profile read or written
+
+
+def test_auto_on_a_priced_pair_plans_from_a_profile_measured_on_it_in_memory(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("SSD_EDGE_HOME", str(home))
+    code, _, err = ssd_edge(["bench", "--priced", "h200-1.5b", "--quick", "--modes", "auto", "--category", "code",
+                             "-n", "4", "--no-plot", "-o", str(tmp_path / "out")])
+    assert code == 0, err
+    result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
+    prof = result.profile
+    assert prof["measured_now"] and prof["device"]["machine"] == "priced"
+    assert prof["device"]["cpu"].startswith("priced: H200 table h200-1.5b")
+    step = prof["costs"][0]["target_ms"][0]
+    assert 1.70 <= step < 1.70 + 10, step                                         # the price of a step, and the host's
+    assert [r.mode for r in result.runs] == ["ar", "auto"] and result.runs[1].auto is not None
+    assert any("held in memory" in n for n in result.notes)
+    assert not home.exists()                                                      # the device's profiles untouched
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--priced", "a100"], "no price table 'a100'"),
+    (["--agreement", "0.9"], "give --priced TABLE with it"),
+    (["--priced", "h200-1.5b", "-m", "x.gguf"], "drop -m"),
+    (["--priced", "h200-1.5b@2"], "between 0 and 1"),
+])
+def test_priced_flags_are_checked_in_one_line(args, message):
+    code, _, err = ssd_edge(["bench", *args])
+    assert code == 2 and message in err, err
