@@ -31,6 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import SamplingConfig
+from .sampling import support
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -59,13 +62,27 @@ def uniforms(seed, position, ids) -> np.ndarray:
     return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 
 
-def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:
-    """Draw from probability row p (V,) with the noise of (seed, position): argmax log p + G."""
-    ids = np.flatnonzero(p)
+def gumbel_draw(ids: np.ndarray, p: np.ndarray, seed: int, position: int) -> int:
+    """Draw from a distribution on its support (ids ascending, p > 0) with the noise of (seed,
+    position): argmax log p + G, over those ids alone (the rest have log p = -inf)."""
     if len(ids) == 1:
         return int(ids[0])
     g = -np.log(-np.log(uniforms(seed, position, ids)))
-    return int(ids[np.argmax(np.log(p[ids]) + g)])
+    return int(ids[np.argmax(np.log(p) + g)])
+
+
+def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:
+    """Draw from a dense probability row p (V,) with the noise of (seed, position)."""
+    ids = np.flatnonzero(p)
+    return gumbel_draw(ids, p[ids], seed, position)
+
+
+def draw(logits: np.ndarray, s: SamplingConfig, seed: int, position: int) -> int:
+    """The target's token at `position` from its logit row: the argmax when greedy, else the coupled
+    draw from the row's sampling distribution (sampling.support: its candidates alone)."""
+    if s.greedy:
+        return int(np.argmax(logits))
+    return gumbel_draw(*support(logits, s), seed, position)
 
 
 def gumbel_picks(p: np.ndarray, seed: int, first_position: int) -> np.ndarray:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from .config import EngineConfig, SamplingConfig
-from .coupling import fresh_seed, gumbel_picks
+from .coupling import draw, fresh_seed
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import ModelInfo
@@ -38,7 +38,6 @@ from .memory import BudgetPlan, MemoryUse, ModelCost, fit_budget, measure as mea
 from .metrics import Ema, Meter
 from .models.catalog import resolve_model
 from .planning import rounds as planned
-from .sampling import probs
 from .text import StopText
 from .verify import verify
 
@@ -351,9 +350,9 @@ class Engine:
                 meter.target_busy.add(verify_s)
                 if not draft.tokens and len(history) > len(prompt) and not rounds.busy:  # a plain step, alone
                     self._step_ms.setdefault(cfg.target.threads, Ema(None)).add(verify_s * 1e3)
-                # The target's own draws (argmax, or coupled Gumbel-max when sampling: coupling.py);
-                # a drafted token is accepted iff it equals the draw at its position.
-                targets = rows.argmax(axis=1) if s.greedy else gumbel_picks(probs(rows, s), seed, len(history))
+                # The target's own draws (argmax, or coupled Gumbel-max over each row's candidates when
+                # sampling: coupling.py); a drafted token is accepted iff it equals the draw at its position.
+                targets = [draw(row, s, seed, len(history) + j) for j, row in enumerate(rows)]
                 a, b = verify(draft.tokens, targets)
                 meter.first_token()
                 new = self._commit([*draft.tokens[:a], b], max_tokens - len(out), text)

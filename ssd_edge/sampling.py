@@ -31,30 +31,56 @@ passes it; 0 and 1 are the same there, and larger values are not offered.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from .config import SamplingConfig
 
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many largest first, and the full row only if needed
+HEAD = 40  # the largest logits a row's confidence and candidates are read from where sampling sets no top-k
+_SAMPLE = 2048  # values top_ids samples from a row to set its threshold
 
 
-def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
-    """(V,) or (n, V) float logits -> same-shape float64 probabilities."""
-    x = np.asarray(logits, dtype=np.float64)
-    if x.ndim == 2:
-        return np.stack([probs(row, s) for row in x]) if len(x) else x.copy()
-    out = np.zeros_like(x)
+class Support(NamedTuple):
+    """A row's sampling distribution on the tokens it can draw: ids ascending, p > 0 summing to 1."""
+
+    ids: np.ndarray  # (m,) int64
+    p: np.ndarray    # (m,) float64
+
+
+def top_ids(x: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest of x, ties at the boundary to the lower ids: those above the k-th
+    largest value in ascending order, then those equal to it. One pass over the row: a threshold from
+    a strided sample (about 2,000 values, set so that a few hundred of the row pass it), the ids at or
+    above it (a compare and flatnonzero), then a partition of those few. Never a sort, a partition or
+    a copy of the whole row, unless the sample missed the head (then one full partition)."""
+    n = len(x)
+    if k >= n:
+        return np.arange(n)
+    stride = max(1, n // _SAMPLE)
+    sample = x[::stride]
+    j = min(len(sample), -(-k // stride) + 4)  # each sampled value stands for `stride` of the row
+    ids = np.flatnonzero(x >= np.partition(sample, len(sample) - j)[len(sample) - j])
+    if len(ids) < k:  # the sample held few of the head: take the k-th largest from the whole row
+        ids = np.flatnonzero(x >= x[np.argpartition(-x, k - 1)[:k]].min())
+    z = x[ids]
+    edge = np.partition(z, len(z) - k)[len(z) - k]  # the k-th largest value
+    return np.concatenate([ids[z > edge], ids[z == edge]])[:k]
+
+
+def support(logits: np.ndarray, s: SamplingConfig) -> Support:
+    """The distribution a row is sampled from (llama.cpp's chain, the module docstring), on its
+    candidates alone: with top-k on, one float32 pass finds them and the rest is over k numbers;
+    top-k off (0) reads the whole row in float64 (the slow path). Greedy: the argmax."""
+    x = np.asarray(logits)
     if s.greedy:
-        out[int(np.argmax(x))] = 1.0
-        return out
-    n = x.shape[0]
-    if 0 < s.top_k < n:  # the k largest logits, ties at the boundary to the lower ids
-        idx = np.argpartition(-x, s.top_k - 1)[: s.top_k]
-        edge = x[idx].min()
-        idx = np.concatenate([np.flatnonzero(x > edge), np.flatnonzero(x == edge)])[: s.top_k]
+        return Support(np.array([int(np.argmax(x))]), np.ones(1))
+    if 0 < s.top_k < x.shape[0]:  # the k largest logits, ties at the boundary to the lower ids
+        idx = top_ids(x, s.top_k)
     else:
-        idx = np.arange(n)
-    z = x[idx]
+        idx = np.arange(x.shape[0])
+    z = x[idx].astype(np.float64)
     if s.top_p < 1.0:  # at temperature 1: the smallest descending prefix whose mass reaches top_p
         p1 = np.exp(z - z.max())
         p1 /= p1.sum()
@@ -67,8 +93,37 @@ def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
         idx, z = idx[keep], z[keep]
     z = z / s.temperature
     p = np.exp(z - z.max())
-    out[idx] = p / p.sum()
+    p /= p.sum()
+    order = np.argsort(idx)
+    idx, p = idx[order], p[order]
+    nz = p > 0.0  # a far tail at a low temperature underflows: not a token it can draw
+    return Support(idx[nz], p[nz]) if not nz.all() else Support(idx, p)
+
+
+def probs(logits: np.ndarray, s: SamplingConfig) -> np.ndarray:
+    """(V,) or (n, V) float logits -> same-shape dense float64 probabilities (support() scattered;
+    for tests and reports: the engine works on the support)."""
+    x = np.asarray(logits)
+    if x.ndim == 2:
+        return np.stack([probs(row, s) for row in x]) if len(x) else x.astype(np.float64)
+    out = np.zeros(x.shape[0], dtype=np.float64)
+    ids, p = support(x, s)
+    out[ids] = p
     return out
+
+
+def head_probs(logits: np.ndarray, temperature: float = 1.0, k: int = HEAD) -> Support:
+    """A row's k largest logits at `temperature`, normalised over those k: the likeliest tokens and
+    how sure the model is of them, for planning (the draft's candidates, the target's confidence).
+    Ids most likely first. Over the head alone, not the whole row: an estimate (the tail's mass is
+    left out), calibrated against real acceptance where it is used (planning/planner.py)."""
+    x = np.asarray(logits)
+    ids = top_ids(x, min(k, x.shape[0]))
+    z = x[ids].astype(np.float64) / max(temperature, 1e-3)
+    order = np.lexsort((ids, -z))  # most likely first, ties to the lower id
+    ids, z = ids[order], z[order]
+    p = np.exp(z - z[0])
+    return Support(ids, p / p.sum())
 
 
 def _descending(p: np.ndarray) -> np.ndarray:

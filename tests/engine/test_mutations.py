@@ -27,7 +27,6 @@ import ssd_edge.planning.rounds as planned
 from distribution_check import check_follows_target
 from ssd_edge.engine import Engine
 from ssd_edge.llama.kvseq import KVSeq
-from ssd_edge.sampling import probs
 from ssd_edge.speculation.drafters import NgramDrafter
 from ssd_edge.verify import verify
 from test_distribution_engine import FILTERED, FLAT, LENGTH, N, PROMPT, fake_engine
@@ -49,14 +48,16 @@ def ngram_definition():
     return lambda: [mod.test_ngram_lookup_equals_the_plain_definition(lo, hi) for lo, hi in ((1, 4), (2, 4))]
 
 
-real_commit, real_truncate, real_adopt, real_propose, real_uniforms = (
-    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.uniforms)
+real_commit, real_truncate, real_adopt, real_propose, real_uniforms, real_draw = (
+    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.uniforms, coupling.draw)
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
-    "sampling-temperature": (engine_mod, "probs", lambda rows, s: probs(rows, s.model_copy(update={"temperature": s.temperature * 1.1})),
+    "sampling-temperature": (engine_mod, "draw", lambda row, s, seed, pos: real_draw(
+                                 row, s.model_copy(update={"temperature": s.temperature * 1.1}), seed, pos),
                              distribution(FLAT)),
-    "sampling-min-p-dropped": (engine_mod, "probs", lambda rows, s: probs(rows, s.model_copy(update={"min_p": 0.0})),
+    "sampling-min-p-dropped": (engine_mod, "draw", lambda row, s, seed, pos: real_draw(
+                                   row, s.model_copy(update={"min_p": 0.0}), seed, pos),
                                distribution(FILTERED)),
     "coupling-shared-noise": (coupling, "uniforms", lambda seed, position, ids: real_uniforms(seed, 0, ids),
                               distribution(FLAT)),

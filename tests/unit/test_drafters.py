@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ssd_edge.config import SamplingConfig
-from ssd_edge.sampling import probs
+from ssd_edge.sampling import HEAD, probs
 from ssd_edge.speculation.drafters import EMPTY, NgramDrafter, draft_probs, top_candidates, top_probability
 
 # ---------------------------------------------------------------- n-gram lookup
@@ -97,24 +97,31 @@ def test_empty_draft():
 # ---------------------------------------------------------------- draft-side probabilities
 
 
-def test_top_candidates_sorted_with_softmax_probabilities():
+def test_top_candidates_sorted_with_the_heads_softmax_probabilities():
+    """Candidates are the m likeliest, with probabilities normalised over the row's HEAD largest
+    logits (sampling.head_probs), not the whole row: a planning estimate read in one pass."""
     rng = np.random.default_rng(0)
     z = rng.normal(0, 2, 100).astype(np.float32)
     for t in (1.0, 0.5):
         c = top_candidates(z, t, m=8)
         assert len(c.ids) == 8 and list(c.ids) == list(np.argsort(-z)[:8])
-        full = np.exp(z / t - (z / t).max())
-        full /= full.sum()
-        np.testing.assert_allclose(c.probs, full[c.ids], rtol=1e-6)
+        head = np.sort(z)[::-1][:HEAD].astype(np.float64) / t
+        p = np.exp(head - head.max())
+        np.testing.assert_allclose(c.probs, p[:8] / p.sum(), rtol=1e-9)
+    small = np.array([3.0, 1.0, 2.0], dtype=np.float32)  # fewer tokens than the head: all of them
+    np.testing.assert_allclose(top_candidates(small, 1.0, m=8).probs, np.exp([3.0, 2.0, 1.0]) / np.exp([3.0, 2.0, 1.0]).sum())
 
 
 def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
     z = np.random.default_rng(1).normal(0, 2, 64)
     assert draft_probs(z, SamplingConfig(temperature=0.0)) is None
     s = SamplingConfig(temperature=0.8, top_k=10, top_p=0.9, min_p=0.05)
-    np.testing.assert_array_equal(draft_probs(z, s), probs(z, s))  # same transform as the target's p
-    r = draft_probs(z, s, saguaro_top=2, saguaro_factor=0.5)
-    assert abs(r.sum() - 1) < 1e-12 and set(np.flatnonzero(r)) == set(np.flatnonzero(probs(z, s)))
+    ids, q = draft_probs(z, s)
+    dense = np.zeros_like(z)
+    dense[ids] = q
+    np.testing.assert_array_equal(dense, probs(z, s))  # same transform as the target's p, on its support
+    r_ids, r = draft_probs(z, s, saguaro_top=2, saguaro_factor=0.5)
+    assert abs(r.sum() - 1) < 1e-12 and r_ids.tolist() == ids.tolist() and (r > 0).all()
 
 
 def test_top_probability_is_the_likeliest_tokens_probability():
