@@ -163,6 +163,13 @@ class Stats:
     first_round_tokens: int = 0         # tokens the first round emitted (it carries the prompt's prefill)
     draft_load_s: float | None = None   # the draft model was loaded for this generation first, in this long
     memory: Mapping[str, int] | None = None  # bytes by part at the end (memory.MemoryUse.to_dict)
+    # The host's share: time on the generating thread inside decodes (llama_decode; a call it waited
+    # on the pre-speculation worker for counts too), the logit rows those decodes returned (decoded
+    # positions: every verified and every drafted one), and the rest of the wall time per position
+    # (Python, sampling, planning, copying rows: what a GPU's fast steps expose)
+    in_decode_s: float = 0.0
+    positions: int = 0
+    host_ms_per_position: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))

@@ -10,6 +10,7 @@ implementations share them; backend.py re-exports them under their old names.
 from __future__ import annotations
 
 import codecs
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
@@ -34,6 +35,29 @@ class ModelInfo:
     gpu_layers: int  # layers really offloaded (0 on a CPU-only build, whatever was asked)
     kv_bytes_per_cell: int  # K+V bytes one token occupies in the KV cache (f16 cache)
 
+
+
+class DecodeClock:
+    """Time spent inside decode calls (llama_decode, or a priced backend's wait) and the logit rows they
+    returned, per thread: a backend adds each decode to the thread that made it, and the engine reads
+    its own thread's totals before and after a generation. Its wall time less that is the host's work
+    (Python, sampling, planning, copying rows): Stats.host_ms_per_position."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def add(self, seconds: float, rows: int) -> None:
+        loc = self._local
+        loc.seconds = getattr(loc, "seconds", 0.0) + seconds
+        loc.rows = getattr(loc, "rows", 0) + rows
+
+    def read(self) -> tuple[float, int]:
+        """(seconds inside decodes, rows returned) on the calling thread, since it started."""
+        loc = self._local
+        return getattr(loc, "seconds", 0.0), getattr(loc, "rows", 0)
+
+
+DECODES = DecodeClock()  # the one clock every backend adds to; per thread, so no lock
 
 @runtime_checkable
 class BackendModel(Protocol):
@@ -84,9 +108,10 @@ class BackendContext(Protocol):
     def set_threads(self, threads: int) -> None: ...
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
-               logits_for: Sequence[int]) -> np.ndarray:
+               logits_for: Sequence[int], copy: bool = True) -> np.ndarray:
         """Decode one batch; float32 logit rows (len(logits_for), n_vocab) for the listed batch indices.
-        A sequence's first position in the batch must be one past its last stored position."""
+        A sequence's first position in the batch must be one past its last stored position.
+        copy=False: the rows may be a view valid only until this context's next decode."""
 
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:
         """Remove positions [p0, p1) of `seq` (p1 = -1: to the end)."""

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .events import AutoStats, LiveStats, PrespecStats, Round, Stats, hit_rate_health
+from .interface import DECODES
 
 
 class BusyClock:
@@ -97,6 +98,7 @@ class Meter:
         self.rounds: list[Round] = []
         self.accepted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting pos i
         self.drafted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
+        self.drafted = self.accepted = 0  # their sums, kept as they grow (read every round by live())
         self.draft_busy = BusyClock()
         self.target_busy = BusyClock()
         self.latency_ms: dict[str, list[float]] = {"hit": [], "partial": [], "miss": [], "none": []}
@@ -106,6 +108,7 @@ class Meter:
         self.budget_cells = budget_cells
         self.cell_bytes = 0  # draft KV bytes per cell, when known
         self.state = mode
+        self.decodes0 = DECODES.read()  # this thread's time in decodes so far (host time is the rest)
 
     # ------------------------------------------------------------ recording
     def first_token(self) -> None:
@@ -127,6 +130,8 @@ class Meter:
                 self.accepted_at = np.pad(self.accepted_at, (0, r.drafted - n + 1))
             self.drafted_at[: r.drafted] += 1
             self.accepted_at[: r.accepted] += 1
+            self.drafted += r.drafted
+            self.accepted += r.accepted
         if emitted:
             per_token = r.wall_ms / emitted
             self.latency_ms[r.prespec or "none"].extend([per_token] * emitted)
@@ -136,8 +141,7 @@ class Meter:
         return max(time.perf_counter() - self.t0, 1e-9)
 
     def acceptance(self) -> float | None:
-        drafted = int(self.drafted_at.sum())
-        return float(self.accepted_at.sum()) / drafted if drafted else None
+        return self.accepted / self.drafted if self.drafted else None
 
     def hit_rate(self) -> float | None:
         n = sum(self.prespec.values())
@@ -159,12 +163,14 @@ class Meter:
         draft model was loaded before this generation, in that many seconds."""
         wall = self.elapsed()
         ttft = (self.t_first - self.t0) if self.t_first else None
-        drafted = int(self.drafted_at.sum())
+        drafted = self.drafted
         spec_rounds = [r for r in self.rounds if r.drafted]
         lookups = sum(self.prespec.values())
         all_lat = [x for v in self.latency_ms.values() for x in v]
         miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
         prepared, used, _, cells_peak = self.branches.read()
+        seconds, rows = DECODES.read()
+        in_decode_s, positions = seconds - self.decodes0[0], rows - self.decodes0[1]
         prespec = PrespecStats(
             lookups=lookups, hits=self.prespec["hit"], partial_hits=self.prespec["partial"],
             misses=self.prespec["miss"], hit_rate=self.hit_rate(),
@@ -178,7 +184,7 @@ class Meter:
             mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=len(self.rounds), wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),
             end_to_end_tokens_per_s=self.tokens / wall,
-            drafted=drafted, accepted=int(self.accepted_at.sum()), acceptance_rate=self.acceptance(),
+            drafted=drafted, accepted=self.accepted, acceptance_rate=self.acceptance(),
             mean_accepted_len=float(np.mean([r.accepted for r in spec_rounds])) if spec_rounds else None,
             per_position_acceptance=tuple(float(a / d) for a, d in zip(self.accepted_at.tolist(),
                                                                        self.drafted_at.tolist()) if d),
@@ -186,4 +192,6 @@ class Meter:
             draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
             latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
-            first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory)
+            first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory,
+            in_decode_s=in_decode_s, positions=positions,
+            host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None)

@@ -78,6 +78,8 @@ def stats_table(stats: Stats) -> Table:
         ("decode speed", f"{_num(stats.tokens_per_s if stats.decoded else None, '.1f')} tok/s"),
         ("end to end", f"{_num(stats.end_to_end_tokens_per_s, '.1f')} tok/s"),
         ("latency p50 / p95", f"{_num(stats.latency_ms_p50, '.0f')} / {_num(stats.latency_ms_p95, '.0f')} ms"),
+        ("host per position", f"{_num(stats.host_ms_per_position, '.3f')} ms (outside decodes, "
+                              f"{stats.positions} positions)"),
         ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
         ("acceptance", _num(stats.acceptance_rate)),
         ("mean accepted length", _num(stats.mean_accepted_len)),

@@ -43,7 +43,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..config import PrespecConfig
-from ..interface import Aborted
+from ..interface import DECODES, Aborted
 from ..llama.kvseq import Cancelled, common_prefix
 from ..metrics import Meter
 from .drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates
@@ -137,6 +137,12 @@ class LookupResult(NamedTuple):
     finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
 
 
+def _since(mark: tuple[float, int]) -> tuple[float, int]:
+    """This thread's (seconds, rows) in decodes since DECODES.read() gave `mark`."""
+    seconds, rows = DECODES.read()
+    return seconds - mark[0], rows - mark[1]
+
+
 def _outcome(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, int] | None:
     """The verification outcome (a, b) that took history C + d to `history`: a draft tokens of d
     accepted, then the target's token b; None if `history` does not follow C that way."""
@@ -226,7 +232,8 @@ class PrespecWorker:
     def _call(self, kind: str, *args: Any) -> Any:
         self._preempt(args[0] if kind == "lookup" else None)
         self._inbox.put((kind, args))
-        status, value = self._outbox.get()
+        status, value, (seconds, rows) = self._outbox.get()
+        DECODES.add(seconds, rows)  # the call's decodes, waited for here, are this thread's time in decodes
         if status == "err":
             raise value
         return value
@@ -239,6 +246,7 @@ class PrespecWorker:
             if kind == "stop":
                 self._finish()
                 return
+            decoded = DECODES.read()
             try:
                 if kind == "verifying":
                     self._prespec(*args)
@@ -246,12 +254,12 @@ class PrespecWorker:
                 if self.error is not None:
                     raise self.error
                 result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
-                self._outbox.put(("ok", result))
+                self._outbox.put(("ok", result, _since(decoded)))
             except BaseException as e:  # handed to the engine thread, raised there
                 if kind == "verifying":
                     self.error = e
                 else:
-                    self._outbox.put(("err", e))
+                    self._outbox.put(("err", e, _since(decoded)))
 
     def _interrupted(self) -> bool:
         return not self._inbox.empty()

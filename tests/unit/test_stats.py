@@ -22,7 +22,7 @@ OLD_KEYS = {
     "target_busy_s", "draft_util", "target_util", "latency_ms_p50", "latency_ms_p95", "prespec", "speculators",
     "seed",
 }
-NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory"}  # added since; old readers ignore them
+NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
@@ -166,3 +166,25 @@ def test_branch_tally_counts_what_two_threads_write_while_a_third_reads():
         w.join()
     assert tally.read()[:2] == (4000, 2000) and tally.read()[3] == 49
     assert all(cells <= peak and used <= prepared for prepared, used, cells, peak in readings)
+
+
+def test_host_time_is_the_wall_outside_this_threads_decodes_per_row():
+    """Stats.host_ms_per_position: the wall time less what this thread spent inside decodes since the
+    meter started, over the rows those decodes returned; another thread's decodes are not this one's."""
+    import threading
+    import time
+
+    from ssd_edge.interface import DECODES
+
+    DECODES.add(5.0, 100)  # before the generation: not counted
+    m = Meter("ar", None)
+    DECODES.add(0.010, 4)
+    other = threading.Thread(target=DECODES.add, args=(9.0, 1000))
+    other.start()
+    other.join()
+    time.sleep(0.03)
+    stats = m.stats()
+    assert stats.positions == 4 and stats.in_decode_s == pytest.approx(0.010)
+    assert stats.host_ms_per_position == pytest.approx((stats.wall_s - 0.010) / 4 * 1e3)
+    assert stats.host_ms_per_position > (0.03 - 0.010) / 4 * 1e3 * 0.9
+    assert Meter("ar", None).stats().host_ms_per_position is None  # no decode, no figure
