@@ -104,7 +104,7 @@ class FakeContext(CellCache):
     def set_threads(self, threads: int) -> None:
         self.threads = threads
 
-    def decode(self, tokens, positions, seqs, logits_for) -> np.ndarray:
+    def decode(self, tokens, positions, seqs, logits_for, copy: bool = True) -> np.ndarray:  # fresh rows either way
         n = len(tokens)
         if n > self.n_batch:
             raise DecodeError("batch too large")

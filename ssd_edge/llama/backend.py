@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,7 +30,7 @@ import numpy as np
 from ..config import parse_endpoints
 from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError,
                       VocabMismatchError)
-from ..interface import Aborted, ModelInfo, TextStream
+from ..interface import DECODES, Aborted, ModelInfo, TextStream
 from ..memory import parse_buffers
 from .library import (capture_log, gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, signals_held,
                       system_info)
@@ -111,6 +112,7 @@ class Model:
             log.warning("GPU offload asked for %s, but this machine has no GPU llama.cpp can use (--rpc servers "
                         "take the target only): running on CPU", self.path.name)
         self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self._closed = False
 
     @property
@@ -166,7 +168,10 @@ class Model:
         return (ll.llama_vocab_get_text(self.vocab, token) or b"").decode(errors="replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:  # asked once per token: a C call costs more than the lookup, every round
+            eog = self._eog[token] = bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     # ------------------------------------------------------------ chat
     def chat_template(self) -> str | None:
@@ -237,6 +242,16 @@ def check_same_vocab(target: Model, draft: Model) -> None:
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 
+_FLOATS: dict[int, Any] = {}  # ctypes array types by length: made once, not per row
+
+
+def _float_view(ptr: Any, n: int) -> np.ndarray:
+    """n float32s at a C float pointer, as a numpy array over that memory (no copy)."""
+    arr = _FLOATS.get(n)
+    if arr is None:
+        arr = _FLOATS[n] = ctypes.c_float * n
+    return np.frombuffer(arr.from_address(ctypes.cast(ptr, ctypes.c_void_p).value), dtype=np.float32)
+
 
 class Context:
     """A llama_context: KV cache, thread count, batch buffer.
@@ -292,12 +307,16 @@ class Context:
         self.threads = threads
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
-               logits_for: Sequence[int]) -> np.ndarray:
+               logits_for: Sequence[int], copy: bool = True) -> np.ndarray:
         """Decode one batch; return float32 logit rows (len(logits_for), n_vocab), in that order.
 
         tokens[i] goes to position positions[i] of sequence(s) seqs[i]; logits_for lists
         batch indices whose rows are wanted. For each sequence, the first position in
         the batch must be one past its last stored position.
+
+        copy=False: the rows are a view of llama.cpp's own output buffer (logits_for ascending), valid
+        until this context's next decode: no 600 KB copy per row of a 152k vocabulary (KVSeq reads its
+        rows that way; whoever keeps a row past the next decode copies it).
         """
         n = len(tokens)
         if n == 0:
@@ -321,27 +340,39 @@ class Context:
                     b.seq_id[i][j] = sj
             b.logits[i] = i in want
         b.n_tokens = n
-        out = np.empty((len(logits_for), self.model.n_vocab), dtype=np.float32)
+        view = not copy and all(x < y for x, y in zip(logits_for, logits_for[1:]))
         if self._endpoints:  # llama_decode may return before the servers finish: the logits read waits on them too
-            rc = GUARD.call("a decode", self._endpoints, self._timeout_s, self._decode_into, b, logits_for, out)
+            rc, rows, took = GUARD.call("a decode", self._endpoints, self._timeout_s, self._decode_into, b, logits_for,
+                                        view)
         else:
-            rc = self._decode_into(b, logits_for, out)
+            rc, rows, took = self._decode_into(b, logits_for, view)
+        DECODES.add(took, len(rows))  # on the calling thread, whichever ran the C call
         if rc == 2:
             raise Aborted()
         if rc == 1:
             raise ContextFullError(f"no KV cache slot for a batch of {n} tokens (context {self.n_ctx} full)")
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc} ({self.model.path.name})")
-        return out
+        return rows
 
-    def _decode_into(self, b: Any, logits_for: Sequence[int], out: np.ndarray) -> int:
-        """llama_decode, then the wanted logit rows copied into `out` (the first read synchronizes)."""
+    def _decode_into(self, b: Any, logits_for: Sequence[int], view: bool) -> tuple[int, np.ndarray, float]:
+        """llama_decode, then the wanted logit rows: a view of llama.cpp's output buffer (its outputs are
+        the flagged tokens in batch order, so ascending logits_for are all of it), or copies; and the
+        seconds up to the first read (which synchronizes): the decode's time. Copies are the host's."""
+        n_vocab, n_out = self.model.n_vocab, len(logits_for)
+        t0 = time.perf_counter()
         rc = ll.llama_decode(self.ptr, b)
-        if rc == 0:
-            for r, i in enumerate(logits_for):
-                ptr = ll.llama_get_logits_ith(self.ptr, i)
-                out[r] = np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))  # copy: the view dies at next decode
-        return rc
+        if rc != 0 or not n_out:
+            return rc, np.empty((0, n_vocab), dtype=np.float32), time.perf_counter() - t0
+        if view:
+            base = ll.llama_get_logits(self.ptr)
+            return rc, _float_view(base, n_out * n_vocab).reshape(n_out, n_vocab), time.perf_counter() - t0
+        ptrs = [ll.llama_get_logits_ith(self.ptr, i) for i in logits_for]
+        took = time.perf_counter() - t0
+        out = np.empty((n_out, n_vocab), dtype=np.float32)
+        for r, ptr in enumerate(ptrs):
+            out[r] = _float_view(ptr, n_vocab)  # copy: the view dies at next decode
+        return rc, out, took
 
     # ------------------------------------------------------------ KV cache
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> None:

@@ -57,8 +57,9 @@ class KVSeq:
             del self._tokens[n:]
 
     def step(self, token: int) -> np.ndarray:
-        """Decode `token` at the next position and hold it; its logit row, shape (n_vocab,)."""
-        row = self.ctx.decode([token], [len(self._tokens)], [self.seq], [0])[0]
+        """Decode `token` at the next position and hold it; its logit row, shape (n_vocab,), valid until
+        the context's next decode (as feed's rows)."""
+        row = self.ctx.decode([token], [len(self._tokens)], [self.seq], [0], copy=False)[0]
         self._tokens.append(token)
         return row
 
@@ -81,7 +82,9 @@ class KVSeq:
 
     def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None,
              chunk: int | None = None) -> np.ndarray:
-        """Make the cache hold exactly `full`; return the logit rows of its last `rows` tokens.
+        """Make the cache hold exactly `full`; return the logit rows of its last `rows` tokens, valid
+        until the context's next decode (where the backend can, a view of its own buffer: copy a row
+        to keep it longer).
 
         The longest prefix already cached is kept (at least `rows` tokens are decoded so
         their logits exist); the rest is decoded in batches of at most `chunk` tokens
@@ -102,7 +105,12 @@ class KVSeq:
             batch = todo[start:start + step]  # the tokens of one decode
             first_row = len(todo) - rows  # index in todo of the first token whose logits are wanted
             want = [i for i in range(len(batch)) if start + i >= first_row]
-            out.append(self.ctx.decode(batch, range(pos, pos + len(batch)), [self.seq] * len(batch), want))
+            last = start + step >= len(todo)  # rows of an earlier batch must outlive the next decode: copies
+            got = self.ctx.decode(batch, range(pos, pos + len(batch)), [self.seq] * len(batch), want, copy=not last)
+            if len(got):
+                out.append(got)
             self._tokens.extend(batch)
             pos += len(batch)
+        if len(out) == 1:
+            return out[0]
         return np.concatenate(out) if out else np.empty((0, self.ctx.model.n_vocab), np.float32)

@@ -227,8 +227,8 @@ class _PaddedContext(FakeContext):
         super().__init__(*a, **kw)
         self.model.n_vocab = n_vocab
 
-    def decode(self, tokens, positions, seqs, logits_for):
-        rows = super().decode(tokens, positions, seqs, logits_for)
+    def decode(self, tokens, positions, seqs, logits_for, copy=True):
+        rows = super().decode(tokens, positions, seqs, logits_for, copy)
         v = self.model.n_vocab
         if v <= rows.shape[1]:
             return rows[:, :v]

@@ -86,8 +86,8 @@ def test_branch_cells_never_exceed_the_budget():
     seen = []
     original = draft_ctx.decode
 
-    def checked(tokens, positions, seqs, logits_for):
-        out = original(tokens, positions, seqs, logits_for)
+    def checked(tokens, positions, seqs, logits_for, copy=True):
+        out = original(tokens, positions, seqs, logits_for, copy)
         main = eng.draft_kv.seq  # the worker's main sequence (a hit moves it onto the branch)
         seen.append(draft_ctx.cells_outside(main))
         return out
