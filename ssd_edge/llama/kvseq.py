@@ -29,7 +29,21 @@ class Cancelled(Exception):
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens a and b share. Lists are compared a slice at a time in C (a halving
+    search for the first difference): every round asks it of the whole history, which a Python loop
+    walked token by token."""
     n = min(len(a), len(b))
+    if type(a) is list and type(b) is list:
+        if a[:n] == b[:n]:
+            return n
+        lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
     i = 0
     while i < n and a[i] == b[i]:
         i += 1

@@ -67,3 +67,21 @@ def test_move_to_carries_cells_and_tokens_and_drops_what_the_target_held():
     assert kv.seq == 0 and holds(kv) and ctx.seq_tokens(1) == [] and len(ctx.cells) == 3
     kv.move_to(0)  # already there: nothing moves
     assert holds(kv) and len(ctx.cells) == 3
+
+
+def test_common_prefix_finds_the_first_difference_in_lists_and_other_sequences():
+    import random
+
+    from ssd_edge.llama.kvseq import common_prefix
+
+    def walked(a, b):
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = [rng.randint(0, 3) for _ in range(rng.randint(0, 60))]
+        b = a[:rng.randint(0, len(a))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 10))]
+        assert common_prefix(a, b) == common_prefix(b, a) == common_prefix(tuple(a), b) == walked(a, b)
