@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,6 +174,7 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     # prior (10 trials at 0.3) rather than trust a lucky streak.
     trials = {"sd": _Trials(0.0, 0.0), "lookup": _Trials(0.3, 10.0)}
     rounds = proposed = lookups = hits = 0
+    host: list[float] = []  # each generation's host ms per decoded position
     sampling = engine.config.sampling.model_copy(update=dict(temperature=0.0, seed=0))
     for i, messages in enumerate(PROBE):
         prompt = engine.prompt_tokens(messages=messages)
@@ -182,6 +184,8 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
                 engine.use_threads(max(1, threads // 2), max(1, threads // 2))
             for ev in engine.generate(tokens=prompt, max_tokens=tokens, mode=mode, sampling=sampling):
                 if isinstance(ev, FinishEvent):
+                    if ev.stats.host_ms_per_position is not None:
+                        host.append(ev.stats.host_ms_per_position)
                     lookups += ev.stats.prespec.lookups if mode == "ssd" else 0
                     hits += ev.stats.prespec.hits if mode == "ssd" else 0
                 elif mode in trials:
@@ -194,7 +198,8 @@ def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None
     return prof.Acceptance(alpha=draft.value if draft.successes + draft.failures else 0.5,
                            ngram_alpha=trials["lookup"].value,
                            ngram_proposal_rate=proposed / rounds if rounds else 0.0,
-                           hit_rate=hits / lookups if lookups else 0.5)
+                           hit_rate=hits / lookups if lookups else 0.5,
+                           host_ms_per_position=statistics.median(host) if host else None)
 
 
 def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progress | None = None,
@@ -278,6 +283,12 @@ def _print(p: prof.Profile, path, console) -> None:
     a = p.acceptance
     console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
                   f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")
+    if a.host_ms_per_position is not None:
+        fastest = min(p.costs, key=lambda c: c.target_ms[0], default=None)
+        beside = (f", beside a one-token target step of {fastest.target_ms[0]:.2f} ms ({fastest.target_threads} "
+                  f"thread{'s' if fastest.target_threads > 1 else ''})" if fastest is not None else "")
+        console.print(f"host time per decoded position (outside llama_decode, the probe's median): "
+                      f"{a.host_ms_per_position:.3f} ms{beside}")
     cores = p.device.cores
     split = p.split(cores)
     console.print(f"regime: {p.regime()}")

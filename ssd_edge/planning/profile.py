@@ -77,6 +77,8 @@ class Acceptance(BaseModel):
     ngram_proposal_rate: float = Field(ge=0, le=1, description="rounds in which the n-gram drafter proposed anything")
     hit_rate: float | None = Field(default=None, ge=0, le=1,
                                    description="SSD pre-speculation hit rate on the probe")
+    host_ms_per_position: float | None = Field(default=None, ge=0, description="the probe's generations' median "
+                                               "time outside llama_decode per decoded position (Stats)")
 
 
 class Profile(BaseModel):

@@ -533,7 +533,8 @@ def test_calibrate_show_prints_the_saved_profile_and_what_it_means(monkeypatch, 
              for a in (1, 2) for b in (1, 2)]
     prof.save(prof.Profile(created="2026-12-02T00:00:00+00:00", device=prof.device_info(), target=prof.ModelId.of(t),
                            draft=prof.ModelId.of(d), k_max=16, costs=costs,
-                           acceptance=prof.Acceptance(alpha=0.7, ngram_alpha=0.4, ngram_proposal_rate=0.1, hit_rate=0.3),
+                           acceptance=prof.Acceptance(alpha=0.7, ngram_alpha=0.4, ngram_proposal_rate=0.1, hit_rate=0.3,
+                                                      host_ms_per_position=0.0625),
                            memory=dict(target_weights=1 << 30, draft_weights=0, target_kv=1 << 20, draft_kv=0,
                                        compute=300 << 20, on_device=0, other=50 << 20, rss=1 << 30, total=0,
                                        n_ctx=1024)))
@@ -544,6 +545,8 @@ def test_calibrate_show_prints_the_saved_profile_and_what_it_means(monkeypatch, 
             "1 MiB target KV · 300 MiB compute · 50 MiB other") in " ".join(out.split())
     assert "verifying 4 tokens costs 4.0 steps here: compute-bound" in " ".join(out.split())
     assert "the two models take turns" in " ".join(out.split())
+    assert ("host time per decoded position (outside llama_decode, the probe's median): 0.062 ms, beside a "
+            "one-token target step of 36.00 ms (2 threads)") in " ".join(out.split())
     code, out, _ = run(["calibrate", "--show", "--json", "-m", str(t), "-md", str(d)])
     assert code == 0 and json.loads(out)["costs"][0]["target_overlap"] == 1.3
 
