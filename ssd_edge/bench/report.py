@@ -37,6 +37,7 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
     wall = sum(r.wall_s for r in runs)
     lookups = sum(r.lookups for r in runs)
     drafted = sum(r.drafted for r in runs)
+    positions = sum(r.positions for r in runs)
     return SummaryRow(
         setting=setting, mode=mode, category=category, k=k, runs=len(runs), tokens=tokens,
         tokens_per_s=decode_tokens / decode_s if decode_s else 0.0,
@@ -52,6 +53,7 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
         hit_rate=_ratio(sum(r.hits for r in runs), lookups) if lookups else None,
         draft_util=_ratio(sum(r.draft_busy_s for r in runs), wall),
         target_util=_ratio(sum(r.target_busy_s for r in runs), wall),
+        host_ms_per_position=_ratio(1e3 * (wall - sum(r.in_decode_s for r in runs)), positions) if positions else None,
         peak_rss_mib=max(r.peak_rss_mib for r in runs))
 
 
@@ -244,9 +246,10 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
         lines.append("")
     lines += ["t/s: decode tokens/s (after the first token); answer t/s: prompt to last token (TTFT and decode; "
               "llama.cpp: its encode and decode).", "",
+              "host ms/pos: wall time outside llama_decode per decoded position (verified and drafted).", "",
               "| setting | mode | k | threads | t/s | speedup | answer t/s | TTFT ms | p50 ms | p95 ms | accept | "
-              "mean acc | hit rate | draft util | target util | peak MiB |",
-              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+              "mean acc | hit rate | draft util | target util | host ms/pos | peak MiB |",
+              "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for r in rows:
         if r.category != ALL:
             continue
@@ -256,7 +259,7 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
             f"{_f(r.answer_tokens_per_s)} | {_f(r.ttft_ms, '.0f')} | "
             f"{_f(r.latency_p50_ms, '.0f')} | {_f(r.latency_p95_ms, '.0f')} | {_f(r.acceptance)} | "
             f"{_f(r.mean_accepted_len)} | {_f(r.hit_rate)} | {_f(r.draft_util)} | {_f(r.target_util)} | "
-            f"{_f(r.peak_rss_mib, '.0f')} |")
+            f"{_f(r.host_ms_per_position, '.3f')} | {_f(r.peak_rss_mib, '.0f')} |")
     cats = [c for c in CATEGORIES if any(r.category == c for r in rows)]
     lines += ["", "Decode tokens/s per category (speedup vs ar in the same setting):", "",
               "| setting | mode | " + " | ".join(cats) + " |", "|---|---|" + "--:|" * len(cats)]

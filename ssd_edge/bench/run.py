@@ -185,7 +185,8 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
         drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
         lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits,
-        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, peak_rss_mib=rss.peak / 2**20,
+        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
+        positions=st.positions, peak_rss_mib=rss.peak / 2**20,
         memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),
         auto=st.auto.to_dict() if st.auto is not None else None,
         output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])

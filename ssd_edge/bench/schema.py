@@ -94,6 +94,8 @@ class RunRecord(BaseModel):
     partial_hits: int
     draft_busy_s: float
     target_busy_s: float
+    in_decode_s: float = Field(default=0.0, description="time inside llama_decode on the generating thread (Stats)")
+    positions: int = Field(default=0, description="logit rows decoded: every verified and drafted position")
     peak_rss_mib: float
     memory: dict[str, int] | None = Field(default=None, description="bytes by part at the end of the run "
                                           "(memory.MemoryUse.to_dict: weights, KV and compute buffers by model, "
@@ -152,6 +154,8 @@ class SummaryRow(BaseModel):
     hit_rate: float | None
     draft_util: float | None
     target_util: float | None
+    host_ms_per_position: float | None = Field(default=None, description="wall time outside llama_decode per "
+                                               "decoded position, over the runs (Stats.host_ms_per_position)")
     peak_rss_mib: float | None
 
 

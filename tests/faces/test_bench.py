@@ -383,7 +383,7 @@ def test_auto_on_a_priced_pair_plans_from_a_profile_measured_on_it_in_memory(tmp
     assert prof["measured_now"] and prof["device"]["machine"] == "priced"
     assert prof["device"]["cpu"].startswith("priced: H200 table h200-1.5b")
     step = prof["costs"][0]["target_ms"][0]
-    assert 1.70 <= step < 1.70 + 10, step                                         # the price of a step, and the host's
+    assert 1.70 * 0.9 <= step < 1.70 + 10, step  # the waits aim early by their lateness: about the price
     assert [r.mode for r in result.runs] == ["ar", "auto"] and result.runs[1].auto is not None
     assert any("held in memory" in n for n in result.notes)
     assert not home.exists()                                                      # the device's profiles untouched
