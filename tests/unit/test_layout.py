@@ -33,6 +33,7 @@ NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "fac
 LAYERS = {
     **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "memory", "interface", "paths",
                                           "progress", "sampling", "coupling", "verify", "text", "stats_text")},
+    "ssd_edge/native.c": LEAF,           # compiled: a row's top-k, the priced backend's busy wait
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/settings.py": ADAPTER,      # the flags' table that cli and server share; reads the catalog
     "ssd_edge/speculation/": SPECULATION,
@@ -75,11 +76,13 @@ def module_name(rel: Path) -> str:
 
 
 def read_tree(root: Path, sources: tuple[str, ...] = SOURCES) -> Tree:
-    files = sorted(p for s in sources for p in (root / s).rglob("*.py") if "__pycache__" not in p.parts)
+    # modules: Python files, and C sources that build an extension module of the same name (ssd_edge/native.c)
+    files = sorted(p for s in sources for ext in ("*.py", "*.c") for p in (root / s).rglob(ext)
+                   if "__pycache__" not in p.parts)
     tree = Tree({module_name(p.relative_to(root)): p.relative_to(root).as_posix() for p in files})
     packages = {m.split(".")[0] for m, p in tree.paths.items() if p.endswith("__init__.py")}
     for mod, rel in tree.paths.items():
-        tree.imports[mod] = imports_of(mod, root / rel, tree.paths, packages)
+        tree.imports[mod] = imports_of(mod, root / rel, tree.paths, packages) if rel.endswith(".py") else []
     return tree
 
 

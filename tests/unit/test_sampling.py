@@ -217,3 +217,53 @@ def test_saguaro_off_and_degenerate():
     two = np.array([0.0, 0.25, 0.75])  # fewer non-zero entries than `top`: keeps one untouched
     r = reshape_saguaro(two, 2, 0.5)
     assert abs(r.sum() - 1) < 1e-12 and r[0] == 0.0 and r[2] < 0.75
+
+
+# ---------------------------------------------------------------- the candidates (top_ids)
+
+def _top_k_reference(x: np.ndarray, k: int) -> list[int]:
+    """The k largest by a full sort: above the k-th largest value ascending, then equal to it ascending."""
+    edge = np.sort(x)[::-1][k - 1]
+    return (np.flatnonzero(x > edge).tolist() + np.flatnonzero(x == edge).tolist())[:k]
+
+
+def _rows_with_ties_and_masks():
+    rng = np.random.default_rng(7)
+    for n in (41, 300, 49_152, 151_936):
+        x = (rng.standard_normal(n) * 3).astype(np.float32)
+        yield x
+        tied = x.copy()
+        tied[rng.integers(0, n, 30)] = tied.max()  # ties at the top, across the boundary of k
+        yield tied
+        yield np.round(x, 0)                        # many ties everywhere
+        masked = x.copy()
+        masked[rng.integers(0, n, n // 3)] = -np.inf
+        yield masked
+        yield np.ones(n, dtype=np.float32)          # every value tied: the lower ids
+        yield np.sort(x)                            # ascending: the threshold rises to the very end
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_top_ids_is_the_k_largest_with_ties_to_the_lower_ids(compiled, monkeypatch):
+    """Both paths (the compiled pass, ssd_edge/native.c, and numpy's) give exactly the full sort's ids."""
+    import ssd_edge.sampling as sampling
+
+    if compiled and sampling.compiled_top_ids is None:
+        pytest.skip("the compiled pass is not built here")
+    if not compiled:
+        monkeypatch.setattr(sampling, "compiled_top_ids", None)
+    for x in _rows_with_ties_and_masks():
+        for k in (1, 2, 40, min(100, len(x) - 1)):
+            assert sampling.top_ids(x, k).tolist() == _top_k_reference(x, k), (len(x), k)
+
+
+def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
+    import ssd_edge.sampling as sampling
+
+    x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
+    x[17] = np.nan  # the compiled pass declines NaN rows; numpy's answers as before
+    assert sampling.top_ids(x, 40).tolist() == sampling._top_ids_numpy(x, 40).tolist()
+    y = x.astype(np.float64)
+    y[17] = 0.0
+    assert sampling.top_ids(y, 40).tolist() == _top_k_reference(y, 40)
+    assert sampling.top_ids(y[::2], 40).tolist() == _top_k_reference(y[::2], 40)  # not contiguous
