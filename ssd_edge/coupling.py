@@ -99,6 +99,26 @@ def draw(logits: np.ndarray, s: SamplingConfig, seed: int, position: int) -> int
     return gumbel_draw(*support(logits, s), seed, position)
 
 
+class Draws:
+    """The target's own draws at a verify's positions (row j is position first + j), each made when it
+    is first read: verify() reads them up to the first rejection and the recovery token, so the rows
+    past it cost no sampling. A draw is a function of its row, the seed and its position alone, so
+    when it is made changes nothing."""
+
+    def __init__(self, rows: np.ndarray, s: SamplingConfig, seed: int, first: int) -> None:
+        self.rows, self.s, self.seed, self.first = rows, s, seed, first
+        self._made: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, j: int) -> int:
+        while len(self._made) <= j:
+            i = len(self._made)
+            self._made.append(draw(self.rows[i], self.s, self.seed, self.first + i))
+        return self._made[j]
+
+
 def gumbel_picks(p: np.ndarray, seed: int, first_position: int) -> np.ndarray:
     """One draw per row of p (n, V); row j is position first_position + j."""
     return np.array([gumbel_pick(row, seed, first_position + j) for j, row in enumerate(p)], dtype=np.int64)

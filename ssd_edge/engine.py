@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from .config import EngineConfig, SamplingConfig
-from .coupling import draw, fresh_seed
+from .coupling import Draws, fresh_seed
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import ModelInfo
@@ -351,8 +351,9 @@ class Engine:
                 if not draft.tokens and len(history) > len(prompt) and not rounds.busy:  # a plain step, alone
                     self._step_ms.setdefault(cfg.target.threads, Ema(None)).add(verify_s * 1e3)
                 # The target's own draws (argmax, or coupled Gumbel-max over each row's candidates when
-                # sampling: coupling.py); a drafted token is accepted iff it equals the draw at its position.
-                targets = [draw(row, s, seed, len(history) + j) for j, row in enumerate(rows)]
+                # sampling: coupling.py), made as verify reads them; a drafted token is accepted iff it
+                # equals the draw at its position.
+                targets = Draws(rows, s, seed, len(history))
                 a, b = verify(draft.tokens, targets)
                 meter.first_token()
                 new = self._commit([*draft.tokens[:a], b], max_tokens - len(out), text)

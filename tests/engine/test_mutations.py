@@ -53,10 +53,10 @@ real_commit, real_truncate, real_adopt, real_propose, real_uniforms, real_draw =
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
-    "sampling-temperature": (engine_mod, "draw", lambda row, s, seed, pos: real_draw(
+    "sampling-temperature": (coupling, "draw", lambda row, s, seed, pos: real_draw(
                                  row, s.model_copy(update={"temperature": s.temperature * 1.1}), seed, pos),
                              distribution(FLAT)),
-    "sampling-min-p-dropped": (engine_mod, "draw", lambda row, s, seed, pos: real_draw(
+    "sampling-min-p-dropped": (coupling, "draw", lambda row, s, seed, pos: real_draw(
                                    row, s.model_copy(update={"min_p": 0.0}), seed, pos),
                                distribution(FILTERED)),
     "coupling-shared-noise": (coupling, "uniforms", lambda seed, position, ids: real_uniforms(seed, 0, ids),

@@ -63,3 +63,21 @@ def test_picks_take_one_position_per_row():
     p = np.tile(np.array([0.4, 0.3, 0.2, 0.1]), (5, 1))
     got = gumbel_picks(p, 9, 100)
     assert got.tolist() == [gumbel_pick(p[0], 9, 100 + j) for j in range(5)]
+
+
+def test_draws_are_made_as_verify_reads_them_and_equal_the_eager_draws(monkeypatch):
+    import ssd_edge.coupling as coupling
+    from ssd_edge.config import SamplingConfig
+    from ssd_edge.verify import verify
+
+    rows = np.random.default_rng(5).normal(0, 2, size=(6, 300)).astype(np.float32)
+    s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05)
+    eager = [coupling.draw(row, s, 9, 50 + j) for j, row in enumerate(rows)]
+    made = []
+    real = coupling.draw
+    monkeypatch.setattr(coupling, "draw", lambda row, s, seed, pos: made.append(pos) or real(row, s, seed, pos))
+    draws = coupling.Draws(rows, s, 9, 50)
+    draft = [eager[0], eager[1], (eager[2] + 1) % 300, eager[3], eager[4]]  # the third is rejected
+    assert verify(draft, draws) == (2, eager[2])
+    assert made == [50, 51, 52]  # nothing drawn past the recovery token
+    assert [draws[j] for j in range(len(draws))] == eager and made == [50, 51, 52, 53, 54, 55]
