@@ -77,8 +77,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "for a Hub target: the smallest draft here that fits it, else none)", _M),
     Option("no_draft", ("--no-draft",), bool, "run without a draft model (modes ar and lookup only)", _M),
     Option("models_dir", ("--models-dir",), str, "folder of pulled models", _M, env="SSD_EDGE_MODELS"),
-    Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all; "
-           "ignored, with a warning, on a CPU-only build)", _M),
+    Option("n_gpu_layers", ("-ngl", "--n-gpu-layers"), int, "target layers offloaded to a GPU (-1: all, the "
+           "default where this build has a local GPU (CUDA, Metal) or with --rpc; else 0; ignored, with a "
+           "warning, on a CPU-only build)", _M),
     Option("n_gpu_layers_draft", ("-ngld", "--n-gpu-layers-draft"), int, "draft layers offloaded to a GPU", _M),
     Option("rpc", ("--rpc",), str, "llama.cpp rpc-servers HOST:PORT[,HOST:PORT...] that take the target's "
            "offloaded layers (-ngl; with --rpc it defaults to all); the draft stays here, on a local GPU at most. "
@@ -306,7 +307,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     spec = {k: v for k, v in (("k", s["draft_max"]), ("k_min", s["draft_min"]), ("p_min", s["draft_p_min"]))
             if v is not None}
     rpc = _rpc_endpoints(s)
-    ngl = s["n_gpu_layers"] if s["n_gpu_layers"] is not None else (-1 if rpc else 0)
+    ngl = s["n_gpu_layers"] if s["n_gpu_layers"] is not None else (-1 if rpc or _local_gpu() else 0)
     if s["flash_attn"] == "off":
         for name in ("cache_type_v", "cache_type_v_draft"):
             if s[name] not in (None, "f16"):
@@ -338,6 +339,16 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         return EngineConfig.model_validate(raw)
     except ValidationError as e:
         raise _explain(e, s) from None
+
+
+def _local_gpu() -> bool:
+    """Whether llama.cpp here can offload to a local GPU (a CUDA or Metal build on a machine with one):
+    the target then goes there whole unless -ngl says otherwise, as llama.cpp's and ollama's users expect."""
+    try:
+        from .llama.library import gpu_offload_supported
+    except ImportError:  # no compiled llama.cpp: loading a model says so
+        return False
+    return gpu_offload_supported()
 
 
 def _rpc_endpoints(s: Settings) -> list[str]:

@@ -47,6 +47,17 @@ def test_rpc_offloads_all_target_layers_unless_ngl_says_otherwise():
     assert ec.target.n_gpu_layers == 0 and ec.target.rpc == []
 
 
+def test_a_build_with_a_local_gpu_offloads_the_whole_target_by_default(monkeypatch):
+    import ssd_edge.llama.library as library
+
+    monkeypatch.setattr(library, "gpu_offload_supported", lambda: True)  # a CUDA or Metal build with a GPU
+    ec = engine_config(resolve({"model": "t.gguf", "model_draft": "d.gguf"}, {}))
+    assert ec.target.n_gpu_layers == -1 and ec.draft.n_gpu_layers == 0  # the draft: -ngld, or the CPU
+    assert engine_config(resolve({"model": "t.gguf", "n_gpu_layers": 0}, {})).target.n_gpu_layers == 0
+    monkeypatch.setattr(library, "gpu_offload_supported", lambda: False)
+    assert engine_config(resolve({"model": "t.gguf"}, {})).target.n_gpu_layers == 0
+
+
 def test_rpc_invalid_names_where_it_came_from():
     with pytest.raises(ConfigError, match=r"invalid --rpc endpoint 'box'.*\(from SSD_EDGE_RPC\)"):
         engine_config(resolve({"model": "t.gguf"}, {"SSD_EDGE_RPC": "box"}))
