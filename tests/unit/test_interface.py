@@ -52,3 +52,28 @@ def test_the_engine_and_the_faces_import_without_llama_cpp():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines()[-1] == "llama-cpp-python is not installed; run scripts/setup.sh"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_the_console_script_loads_libllama_before_numpy():
+    """`ssd-edge` opens llama.cpp's library before the first import of numpy (cli/entry.py): on a CUDA
+    machine the other order crashed the first model load (FIELD_NOTES)."""
+    pytest.importorskip("llama_cpp")
+    code = (
+        "import sys\n"
+        "class Watch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy' and not hasattr(self, 'seen'):\n"
+        "            self.seen = any('libllama' in line for line in open('/proc/self/maps'))\n"
+        "            print('libllama loaded before numpy:', self.seen)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Watch())\n"
+        "sys.argv = ['ssd-edge', '--help']\n"
+        "from ssd_edge.cli.entry import main\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    lines = p.stdout.splitlines()
+    assert "libllama loaded before numpy: True" in lines and lines[-1] == "exit 0", p.stdout[-2000:] + p.stderr
