@@ -34,6 +34,11 @@ import numpy as np
 from .config import SamplingConfig
 from .sampling import support
 
+try:  # compiled at install (setup.py); without it, numpy draws the same
+    from .native import gumbel as compiled_gumbel
+except ImportError:  # pragma: no cover - a build without the extension
+    compiled_gumbel = None
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -78,9 +83,13 @@ def uniforms(seed, position, ids) -> np.ndarray:
 
 def gumbel_draw(ids: np.ndarray, p: np.ndarray, seed: int, position: int) -> int:
     """Draw from a distribution on its support (ids ascending, p > 0) with the noise of (seed,
-    position): argmax log p + G, over those ids alone (the rest have log p = -inf)."""
+    position): argmax log p + G, over those ids alone (the rest have log p = -inf). In C where the
+    extension is built (the same noise; its log may differ from numpy's in the last bit)."""
     if len(ids) == 1:
         return int(ids[0])
+    if (compiled_gumbel is not None and ids.dtype == np.int64 and p.dtype == np.float64 and ids.flags.c_contiguous
+            and p.flags.c_contiguous and len(ids) == len(p)):
+        return compiled_gumbel(ids, p, int(seed) % (1 << 64), int(position) % (1 << 64))
     g = -np.log(-np.log(uniforms(seed, position, ids)))
     return int(ids[np.argmax(np.log(p) + g)])
 

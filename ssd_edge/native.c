@@ -1,5 +1,9 @@
 /* ssd_edge.native: the two things ssd-edge does in C.
  *
+ * support(row, top_k, top_p, min_p, temperature) and gumbel(ids, p, seed, position): sampling.support and
+ * coupling.gumbel_draw for a row with top-k on, the same steps in the same order (the numpy paths are the
+ * reference the tests hold these to; exp and log may differ from numpy's in the last bit).
+ *
  * spin(seconds): wait that long on this core, the interpreter's lock released, as a CUDA host thread
  * waits for its GPU (it spins: the core stays awake and its caches warm). The priced backend's wait.
  *
@@ -97,17 +101,9 @@ static inline int block_reaches(const float *x, float t) {
     return (acc[0] | acc[1] | acc[2] | acc[3]) != 0;
 }
 
-static PyObject *top_ids(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "y*n", &buf, &k)) return NULL;
-    const float *x = (const float *)buf.buf;
-    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
-    if (k < 1 || k >= n) {
-        PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_ValueError, "top_ids: need 1 <= k < len(row)");
-        return NULL;
-    }
+/* The k largest of x[0..n-1] (1 <= k < n) into ids[0..k-1], in sampling.top_ids' order; 1 on success,
+ * 0 where the numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls. */
+static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
     Kept s;
     s.k = k;
     s.cap = k * 4 > 256 ? k * 4 : 256;
@@ -116,50 +112,264 @@ static PyObject *top_ids(PyObject *self, PyObject *args) {
     s.val = malloc((size_t)s.cap * sizeof(float));
     s.scratch = malloc((size_t)s.cap * sizeof(float));
     s.id = malloc((size_t)s.cap * sizeof(int64_t));
-    PyObject *out = NULL;
-    int ok = s.val && s.scratch && s.id;
-    if (!ok) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_BEGIN_ALLOW_THREADS
+    int ok = (s.val && s.scratch && s.id) ? 1 : -1;
     Py_ssize_t i = 0;
     for (; ok == 1 && i + BLOCK <= n; i += BLOCK) {
         if (!block_reaches(x + i, s.t)) continue;
-        for (int j = 0; j < BLOCK && ok; j++) {
+        for (int j = 0; j < BLOCK && ok == 1; j++) {
             float v = x[i + j];
-            if (v != v) ok = -1;  /* NaN: the numpy path decides */
-            else ok = keep(&s, v, (int64_t)(i + j));
+            ok = (v != v) ? 0 : keep(&s, v, (int64_t)(i + j));  /* NaN: the numpy path decides */
         }
     }
     for (; ok == 1 && i < n; i++) {
         float v = x[i];
-        if (v != v) ok = -1;
-        else ok = keep(&s, v, (int64_t)i);
+        ok = (v != v) ? 0 : keep(&s, v, (int64_t)i);
     }
-    Py_END_ALLOW_THREADS
-    if (ok != 1 || s.n < k) {  /* ties past the buffer, NaN, or fewer than k finite values (-inf rows) */
-        Py_INCREF(Py_None);
-        out = Py_None;
-        goto done;
-    }
-    memcpy(s.scratch, s.val, (size_t)s.n * sizeof(float));
-    float edge = kth_largest(s.scratch, s.n, k);
-    out = PyBytes_FromStringAndSize(NULL, k * (Py_ssize_t)sizeof(int64_t));
-    if (out != NULL) {
-        int64_t *ids = (int64_t *)PyBytes_AS_STRING(out);
+    if (ok == 1 && s.n >= k) {
+        memcpy(s.scratch, s.val, (size_t)s.n * sizeof(float));
+        float edge = kth_largest(s.scratch, s.n, k);
         Py_ssize_t m = 0;
         for (Py_ssize_t j = 0; j < s.n && m < k; j++)
             if (s.val[j] > edge) ids[m++] = s.id[j];
         for (Py_ssize_t j = 0; j < s.n && m < k; j++)
             if (s.val[j] == edge) ids[m++] = s.id[j];
+    } else if (ok == 1) {
+        ok = 0;
     }
-done:
     free(s.val);
     free(s.scratch);
     free(s.id);
+    return ok;
+}
+
+static PyObject *top_ids(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &k)) return NULL;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
+    if (k < 1 || k >= n) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "top_ids: need 1 <= k < len(row)");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, k * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = topk_core((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    if (ok == 1) return out;
+    Py_DECREF(out);
+    if (ok < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* numpy's float64 sum (pairwise_sum in its umath loops): 8 running sums over blocks of 128, halves above
+ * that; the same order, so the same bits, as the numpy path's p.sum() */
+static double np_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double r = 0.0;  /* numpy starts a short sum at -0.0: the same for the positive numbers summed here */
+        for (Py_ssize_t i = 0; i < n; i++) r += a[i];
+        return r;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        Py_ssize_t i;
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return np_sum(a, n2) + np_sum(a + n2, n - n2);
+}
+
+typedef struct {
+    double p;
+    Py_ssize_t j;
+} Ranked;
+
+static int by_p_descending(const void *a, const void *b) {  /* stable: ties by position */
+    const Ranked *x = a, *y = b;
+    if (x->p > y->p) return -1;
+    if (x->p < y->p) return 1;
+    return (x->j > y->j) - (x->j < y->j);
+}
+
+static int by_id(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* support(row, top_k, top_p, min_p, temperature) -> (ids bytes int64 ascending, p bytes float64) or None:
+ * sampling.support for top_k > 0, step by step in its order and arithmetic (see there). */
+static PyObject *support(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t k;
+    double top_p, min_p, temperature;
+    if (!PyArg_ParseTuple(args, "y*nddd", &buf, &k, &top_p, &min_p, &temperature)) return NULL;
+    const float *x = (const float *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
+    if (k < 1 || k >= n || temperature <= 0.0) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "support: need 1 <= top_k < len(row) and a temperature > 0");
+        return NULL;
+    }
+    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
+    double *z = malloc((size_t)k * sizeof(double));
+    double *p = malloc((size_t)k * sizeof(double));
+    Ranked *rank = malloc((size_t)k * sizeof(Ranked));
+    int64_t *pair = malloc((size_t)k * 2 * sizeof(int64_t));
+    PyObject *out = NULL;
+    int ok = (idx && z && p && rank && pair) ? 1 : -1;
+    Py_ssize_t m = k;
+    Py_BEGIN_ALLOW_THREADS
+    if (ok == 1) ok = topk_core(x, n, k, idx);
+    if (ok == 1) {
+        for (Py_ssize_t j = 0; j < m; j++) z[j] = (double)x[idx[j]];
+        if (top_p < 1.0) {  /* the smallest descending prefix whose mass (at temperature 1) reaches top_p */
+            double zmax = z[0];
+            for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
+            for (Py_ssize_t j = 0; j < m; j++) p[j] = exp(z[j] - zmax);
+            double total = np_sum(p, m);
+            for (Py_ssize_t j = 0; j < m; j++) {
+                p[j] /= total;
+                rank[j].p = p[j];
+                rank[j].j = j;
+            }
+            qsort(rank, (size_t)m, sizeof(Ranked), by_p_descending);
+            double cum = 0.0;
+            Py_ssize_t cut = m;
+            for (Py_ssize_t i = 0; i < m; i++) {
+                cum += rank[i].p;
+                if (cum >= top_p) {
+                    cut = i + 1;
+                    break;
+                }
+            }
+            /* keep positions rank[0..cut-1].j, in position order */
+            char *kept = calloc((size_t)m, 1);
+            if (kept == NULL) {
+                ok = -1;
+            } else {
+                for (Py_ssize_t i = 0; i < cut; i++) kept[rank[i].j] = 1;
+                Py_ssize_t w = 0;
+                for (Py_ssize_t j = 0; j < m; j++)
+                    if (kept[j]) {
+                        idx[w] = idx[j];
+                        z[w] = z[j];
+                        w++;
+                    }
+                m = w;
+                free(kept);
+            }
+        }
+    }
+    if (ok == 1 && min_p > 0.0) {  /* logit >= max logit + log(min_p) */
+        double zmax = z[0];
+        for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
+        const double floor_ = zmax + log(min_p);
+        Py_ssize_t w = 0;
+        for (Py_ssize_t j = 0; j < m; j++)
+            if (z[j] >= floor_) {
+                idx[w] = idx[j];
+                z[w] = z[j];
+                w++;
+            }
+        m = w;
+    }
+    if (ok == 1) {  /* softmax at the temperature, then ids ascending, then what underflowed dropped */
+        for (Py_ssize_t j = 0; j < m; j++) z[j] = z[j] / temperature;
+        double zmax = z[0];
+        for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
+        for (Py_ssize_t j = 0; j < m; j++) p[j] = exp(z[j] - zmax);
+        double total = np_sum(p, m);
+        for (Py_ssize_t j = 0; j < m; j++) {
+            p[j] /= total;
+            pair[2 * j] = idx[j];
+            memcpy(&pair[2 * j + 1], &p[j], sizeof(double));
+        }
+        qsort(pair, (size_t)m, 2 * sizeof(int64_t), by_id);
+        Py_ssize_t w = 0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            double pj;
+            memcpy(&pj, &pair[2 * j + 1], sizeof(double));
+            if (pj > 0.0) {
+                idx[w] = pair[2 * j];
+                p[w] = pj;
+                w++;
+            }
+        }
+        m = w;
+    }
+    Py_END_ALLOW_THREADS
+    if (ok == 1) {
+        PyObject *ids = PyBytes_FromStringAndSize((const char *)idx, m * (Py_ssize_t)sizeof(int64_t));
+        PyObject *ps = PyBytes_FromStringAndSize((const char *)p, m * (Py_ssize_t)sizeof(double));
+        if (ids && ps) out = PyTuple_Pack(2, ids, ps);
+        Py_XDECREF(ids);
+        Py_XDECREF(ps);
+    } else if (ok < 0) {
+        PyErr_NoMemory();
+    } else {
+        Py_INCREF(Py_None);
+        out = Py_None;
+    }
+    free(idx);
+    free(z);
+    free(p);
+    free(rank);
+    free(pair);
     PyBuffer_Release(&buf);
     return out;
+}
+
+/* coupling.py's noise: splitmix64's finaliser, and U(seed, position, id) */
+static uint64_t mix64(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* gumbel(ids bytes int64, p bytes float64, seed, position) -> the id maximising log p + G(seed, position, id),
+ * the first of equals: coupling.gumbel_draw */
+static PyObject *gumbel(PyObject *self, PyObject *args) {
+    Py_buffer ids_buf, p_buf;
+    unsigned long long seed, position;
+    if (!PyArg_ParseTuple(args, "y*y*KK", &ids_buf, &p_buf, &seed, &position)) return NULL;
+    const int64_t *ids = (const int64_t *)ids_buf.buf;
+    const double *p = (const double *)p_buf.buf;
+    Py_ssize_t m = ids_buf.len / (Py_ssize_t)sizeof(int64_t);
+    if (m < 1 || p_buf.len != m * (Py_ssize_t)sizeof(double)) {
+        PyBuffer_Release(&ids_buf);
+        PyBuffer_Release(&p_buf);
+        PyErr_SetString(PyExc_ValueError, "gumbel: ids and p must be as long, and not empty");
+        return NULL;
+    }
+    const uint64_t golden = 0x9E3779B97F4A7C15ULL, m2 = 0x94D049BB133111EBULL;
+    uint64_t key = mix64((seed & ((1ULL << 63) - 1)) + golden);
+    key = mix64(key ^ (position * golden));
+    int64_t best = ids[0];
+    double best_score = -INFINITY;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        uint64_t h = mix64(key ^ (((uint64_t)ids[j] + 1ULL) * m2));
+        double u = ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+        double score = log(p[j]) + -log(-log(u));
+        if (score > best_score) {
+            best_score = score;
+            best = ids[j];
+        }
+    }
+    PyBuffer_Release(&ids_buf);
+    PyBuffer_Release(&p_buf);
+    return PyLong_FromLongLong(best);
 }
 
 static double now_s(void) {
@@ -181,6 +391,11 @@ static PyObject *spin(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"spin", spin, METH_VARARGS, "spin(seconds): busy-wait that long with the interpreter's lock released."},
+    {"support", support, METH_VARARGS,
+     "support(row, top_k, top_p, min_p, temperature) -> (ids, p) as bytes (int64 ascending, float64), or None: "
+     "sampling.support's chain on the row's top_k candidates."},
+    {"gumbel", gumbel, METH_VARARGS,
+     "gumbel(ids, p, seed, position) -> the coupled draw from a support: coupling.gumbel_draw."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "
      "to it ascending), or None (ties past its buffer, NaN): see ssd_edge/sampling.py."},

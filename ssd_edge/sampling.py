@@ -37,10 +37,10 @@ import numpy as np
 
 from .config import SamplingConfig
 
-try:  # compiled at install where a C compiler is (setup.py); without it the numpy path gives the same ids
-    from .native import top_ids as compiled_top_ids
+try:  # compiled at install where a C compiler is (setup.py); without it the numpy paths do the same
+    from .native import support as compiled_support, top_ids as compiled_top_ids
 except ImportError:  # pragma: no cover - a build without the extension
-    compiled_top_ids = None
+    compiled_support = compiled_top_ids = None
 
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many largest first, and the full row only if needed
 HEAD = 40  # the largest logits a row's confidence and candidates are read from where sampling sets no top-k
@@ -87,11 +87,22 @@ def _top_ids_numpy(x: np.ndarray, k: int) -> np.ndarray:
 
 def support(logits: np.ndarray, s: SamplingConfig) -> Support:
     """The distribution a row is sampled from (llama.cpp's chain, the module docstring), on its
-    candidates alone: with top-k on, one float32 pass finds them and the rest is over k numbers;
-    top-k off (0) reads the whole row in float64 (the slow path). Greedy: the argmax."""
+    candidates alone: with top-k on, one float32 pass finds them and the rest is over k numbers (in C
+    where the extension is built); top-k off (0) reads the whole row in float64 (the slow path).
+    Greedy: the argmax."""
     x = np.asarray(logits)
     if s.greedy:
         return Support(np.array([int(np.argmax(x))]), np.ones(1))
+    if (compiled_support is not None and 0 < s.top_k < x.shape[0] and x.dtype == np.float32
+            and x.flags.c_contiguous):  # the same steps in C (ssd_edge/native.c); None: ties, NaN
+        got = compiled_support(x, s.top_k, s.top_p, s.min_p, s.temperature)
+        if got is not None:
+            return Support(np.frombuffer(got[0], dtype=np.int64), np.frombuffer(got[1], dtype=np.float64))
+    return _support_numpy(x, s)
+
+
+def _support_numpy(x: np.ndarray, s: SamplingConfig) -> Support:
+    """support() without the compiled chain (not greedy)."""
     if 0 < s.top_k < x.shape[0]:  # the k largest logits, ties at the boundary to the lower ids
         idx = top_ids(x, s.top_k)
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import ssd_edge.coupling as coupling
 from ssd_edge.coupling import gumbel_pick, gumbel_picks, uniforms
 
 N = 40_000
@@ -81,3 +82,21 @@ def test_draws_are_made_as_verify_reads_them_and_equal_the_eager_draws(monkeypat
     assert verify(draft, draws) == (2, eager[2])
     assert made == [50, 51, 52]  # nothing drawn past the recovery token
     assert [draws[j] for j in range(len(draws))] == eager and made == [50, 51, 52, 53, 54, 55]
+
+
+def test_the_compiled_draw_is_numpys():
+    """coupling.gumbel_draw in C (ssd_edge/native.c) draws the token numpy's path draws, for every seed
+    and position tried (the same noise; the two logs may differ only in the last bit)."""
+    if coupling.compiled_gumbel is None:
+        pytest.skip("the compiled draw is not built here")
+    rng = np.random.default_rng(11)
+    for m in (2, 3, 40, 500):
+        ids = np.sort(rng.choice(151_936, size=m, replace=False)).astype(np.int64)
+        p = rng.dirichlet(np.full(m, 0.3))
+        p = np.maximum(p, 1e-300)
+        p /= p.sum()
+        for seed, pos in ((0, 0), (7, 123), (2**63 + 5, 2**40), (123456789, 7)):
+            for shift in range(25):
+                compiled = coupling.gumbel_draw(ids, p, seed, pos + shift)
+                g = -np.log(-np.log(coupling.uniforms(seed, pos + shift, ids)))
+                assert compiled == int(ids[np.argmax(np.log(p) + g)])

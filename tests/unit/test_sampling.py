@@ -267,3 +267,25 @@ def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
     y[17] = 0.0
     assert sampling.top_ids(y, 40).tolist() == _top_k_reference(y, 40)
     assert sampling.top_ids(y[::2], 40).tolist() == _top_k_reference(y[::2], 40)  # not contiguous
+
+
+SETTINGS = [cfg(t, top_k=k, top_p=p, min_p=m) for t in (0.3, 1.0, 1.7) for k in (1, 2, 40, 100)
+            for p in (1.0, 0.95, 0.3) for m in (0.0, 0.05, 0.5)]
+
+
+def test_the_compiled_support_is_the_numpy_chain():
+    """sampling.support in C (ssd_edge/native.c) against its numpy path: the same ids, the same
+    probabilities to the last bits (its exp may differ from numpy's in the last bit)."""
+    import ssd_edge.sampling as sampling
+
+    if sampling.compiled_support is None:
+        pytest.skip("the compiled chain is not built here")
+    for x in _rows_with_ties_and_masks():
+        if len(x) > 50_000 or not np.isfinite(x).any():
+            continue
+        for s in SETTINGS:
+            if s.top_k >= len(x):
+                continue
+            a, b = sampling._support_numpy(x, s), sampling.support(x, s)
+            assert a.ids.tolist() == b.ids.tolist(), (len(x), s)
+            np.testing.assert_allclose(b.p, a.p, rtol=1e-13, atol=0)
