@@ -48,8 +48,8 @@ def ngram_definition():
     return lambda: [mod.test_ngram_lookup_equals_the_plain_definition(lo, hi) for lo, hi in ((1, 4), (2, 4))]
 
 
-real_commit, real_truncate, real_adopt, real_propose, real_uniforms, real_draw = (
-    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.uniforms, coupling.draw)
+real_commit, real_truncate, real_adopt, real_propose, real_gumbel_draw, real_draw = (
+    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.gumbel_draw, coupling.draw)
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
@@ -59,7 +59,7 @@ MUTATIONS = {
     "sampling-min-p-dropped": (coupling, "draw", lambda row, s, seed, pos: real_draw(
                                    row, s.model_copy(update={"min_p": 0.0}), seed, pos),
                                distribution(FILTERED)),
-    "coupling-shared-noise": (coupling, "uniforms", lambda seed, position, ids: real_uniforms(seed, 0, ids),
+    "coupling-shared-noise": (coupling, "gumbel_draw", lambda ids, p, seed, position: real_gumbel_draw(ids, p, seed, 0),
                               distribution(FLAT)),
     "verify-off-by-one": (engine_mod, "verify", lambda d, x: (lambda a: (a, int(x[a])))(min(verify(d, x)[0] + 1, len(d))),
                           check_modes_equal_ar),
