@@ -5,7 +5,7 @@ are committed, then exactly one FinishEvent, whose Stats the meter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
@@ -25,6 +25,14 @@ StopReason = Literal["eos", "length", "stop", "context", "cancelled", "error"]
 
 HIT_RATE_HEALTHY = 0.70  # pre-speculation hit rate above this: healthy
 HIT_RATE_POOR = 0.50     # below this: poor
+# Why a pre-speculation lookup found no branch for the round's outcome (a accepted, then token b):
+MISS_REASONS = {
+    "not-ready": "the outcome was ranked, but its branch was not begun when the verify ended",
+    "wrong-token": "a branch for that accepted count was prepared, with another next token",
+    "wrong-count": "no branch for that accepted count was ranked",
+    "none-ranked": "no outcome ranked above the confidence floor within the budget",
+    "off-path": "the round did not end as a verify of the draft the worker looked at",
+}
 
 
 Health = Literal["healthy", "fair", "poor", "n/a"]
@@ -102,9 +110,16 @@ class PrespecStats:
     budget_cells: int
     branch_bytes_peak: int              # the same in bytes (0 when the cell size is unknown)
     budget_bytes: int
+    # misses by why (MISS_REASONS): not-ready, wrong-token, wrong-count, none-ranked, off-path
+    miss_reasons: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "miss_reasons", _frozen(self.miss_reasons))
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["miss_reasons"] = dict(self.miss_reasons)
+        return out
 
 
 @dataclass(frozen=True)

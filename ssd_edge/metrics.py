@@ -52,6 +52,15 @@ class BranchTally:
         self._used = 0        # of those, handed to the target
         self._cells = 0       # KV cells the branches hold now
         self._cells_peak = 0
+        self._misses: Counter[str] = Counter()  # lookups that found no branch, by why (MISS_REASONS)
+
+    def add_miss(self, reason: str) -> None:
+        with self._lock:
+            self._misses[reason] += 1
+
+    def misses(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._misses)
 
     def add_prepared(self, n: int) -> None:
         with self._lock:
@@ -179,7 +188,8 @@ class Meter:
             latency_ms_hit_p50=_pct(self.latency_ms["hit"], 50), latency_ms_hit_p95=_pct(self.latency_ms["hit"], 95),
             latency_ms_miss_p50=_pct(miss_lat, 50), latency_ms_miss_p95=_pct(miss_lat, 95),
             prepared_tokens=prepared, used_tokens=used, waste=1 - used / prepared if prepared else None,
-            branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes)
+            branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes,
+            miss_reasons=self.branches.misses())
         return Stats(
             mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=len(self.rounds), wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),

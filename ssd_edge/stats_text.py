@@ -95,6 +95,8 @@ def stats_table(stats: Stats) -> Table:
         rows += [
             ("prespec hits / partial / misses", f"{pre.hits} / {pre.partial_hits} / {pre.misses}"),
             ("hit rate", f"{_num(pre.hit_rate)} ({pre.health})"),
+            ("misses by why", ", ".join(f"{k} {v}" for k, v in sorted(pre.miss_reasons.items(), key=lambda kv: -kv[1]))
+             or "–"),
             ("latency hit p50 / miss p50",
              f"{_num(pre.latency_ms_hit_p50, '.0f')} / {_num(pre.latency_ms_miss_p50, '.0f')} ms"),
             ("prepared / used tokens", f"{pre.prepared_tokens} / {pre.used_tokens}"),

@@ -92,6 +92,7 @@ class RunRecord(BaseModel):
     lookups: int
     hits: int
     partial_hits: int
+    miss_reasons: dict[str, int] = Field(default_factory=dict, description="misses by why (events.MISS_REASONS)")
     draft_busy_s: float
     target_busy_s: float
     in_decode_s: float = Field(default=0.0, description="time inside llama_decode on the generating thread (Stats)")

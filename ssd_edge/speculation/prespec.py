@@ -270,6 +270,7 @@ class PrespecWorker:
     def _draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
         self._drop_branches()
         self.base = None
+        self._planned: set[tuple[int, int]] = set()
         t0 = time.perf_counter()
         try:
             return self.drafter.extend(history, k=k, cancelled=self.cancelled, go_on=go_on, guess=guess)
@@ -284,6 +285,7 @@ class PrespecWorker:
         br = self.cache.get(*outcome) if outcome is not None else None
         self._found = br
         if br is None:
+            self.meter.branches.add_miss(self._why_missed(outcome))
             self._drop_branches()
             return LookupResult("miss", None)
         # The branch becomes the main sequence; every other sequence goes.
@@ -295,6 +297,16 @@ class PrespecWorker:
         self.meter.branches.add_used(min(len(br.tokens), k))
         finished = br.done or len(br.tokens) >= k
         return LookupResult("hit" if finished else "partial", br.draft(k), finished)
+
+    def _why_missed(self, outcome: tuple[int, int] | None) -> str:
+        """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS."""
+        if outcome is None:
+            return "off-path"  # the round did not end as a verify of the draft looked at
+        if outcome in self._planned:
+            return "not-ready"  # ranked, but the worker had not begun its branch when the verify ended
+        if any(a == outcome[0] for a, _ in self._planned):
+            return "wrong-token"  # the accepted count was prepared, with another next token
+        return "wrong-count" if self._planned else "none-ranked"  # nothing ranked above the floor and budget
 
     def _extend(self, history: list[int], k: int) -> Draft:
         br, self._found = self._found, None
@@ -315,6 +327,7 @@ class PrespecWorker:
     def _prespec(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
+        self._planned = set()  # the outcomes this round's plan ranked (a miss's reason reads it)
         if self._interrupted():
             return
         self._policy = policy  # what _prepare ranks outcomes by
@@ -355,6 +368,7 @@ class PrespecWorker:
         plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
                              cells_per_branch=depth)
+        self._planned = {(o.a, o.b) for o in plan}
         if not plan:
             return
         n = len(history)

@@ -273,3 +273,18 @@ def test_a_policy_snapshot_does_not_follow_later_observations():
         pol.observe_lookup("hit", 0.9)
     assert snap.p_accept.tolist() == before != planner.p_accept(3).tolist()
     assert len(snap.p_accept) == 4 and abs(sum(snap.p_accept) - 1) < 1e-9
+
+
+@pytest.mark.parametrize("disagree_every", [4, 3, -1])
+def test_every_miss_says_why(disagree_every):
+    """Stats.prespec.miss_reasons: each lookup that found no branch is counted under one reason
+    (events.MISS_REASONS), and the reasons add up to the misses. A draft wrong in ways its own
+    candidates do not predict (-1) prepares the accepted count but never the target's next token."""
+    from ssd_edge.events import MISS_REASONS
+
+    eng, _ = fake_engine(disagree_every=disagree_every, draft_delay=0.002, target_delay=0.004)
+    st = run(eng, "ssd", n=80).stats.prespec
+    assert st.lookups > 10 and sum(st.miss_reasons.values()) == st.misses
+    assert set(st.miss_reasons) <= set(MISS_REASONS)
+    if disagree_every < 0:
+        assert st.misses == st.lookups and set(st.miss_reasons) == {"wrong-token"}

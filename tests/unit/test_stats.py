@@ -46,6 +46,7 @@ def ssd_meter() -> Meter:
     m.branches.add_prepared(6)
     m.branches.add_used(3)
     m.branches.set_cells(9)
+    m.branches.add_miss("wrong-token")
     return m
 
 
@@ -53,10 +54,11 @@ def test_to_dict_has_the_old_keys_and_the_new_ones():
     stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
     assert set(d) == OLD_KEYS | NEW_KEYS
-    assert set(d["prespec"]) == OLD_PRESPEC_KEYS
+    assert set(d["prespec"]) == OLD_PRESPEC_KEYS | {"miss_reasons"}
     assert d["seed"] == 7 and d["prespec"]["hits"] == 1 and d["prespec"]["misses"] == 1
     assert d["prespec"]["branch_bytes_peak"] == 9 * 1024 and d["prespec"]["waste"] == pytest.approx(0.5)
     assert d["speculators"] == {"none": 1, "prespec": 1, "draft": 1}
+    assert d["prespec"]["miss_reasons"] == {"wrong-token": 1}  # the worker's word for the one miss
     assert d["per_position_acceptance"] == [1.0, 0.5, 0.5]  # position 0 accepted twice, 1 and 2 once, of 2
     assert json.loads(json.dumps(d)) == d  # plain JSON all through
 
