@@ -331,6 +331,72 @@ static PyObject *support(PyObject *self, PyObject *args) {
     return out;
 }
 
+typedef struct {
+    double z;
+    int64_t id;
+} Scored;
+
+static int by_z_then_id(const void *a, const void *b) {  /* most likely first, ties to the lower id */
+    const Scored *x = a, *y = b;
+    if (x->z > y->z) return -1;
+    if (x->z < y->z) return 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* head(row, k, temperature) -> (ids bytes int64, p bytes float64) or None: sampling.head_probs, the row's
+ * k largest logits at the temperature, most likely first, normalised over those k */
+static PyObject *head(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t k;
+    double temperature;
+    if (!PyArg_ParseTuple(args, "y*nd", &buf, &k, &temperature)) return NULL;
+    const float *x = (const float *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
+    if (k < 1 || k >= n || temperature <= 0.0) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "head: need 1 <= k < len(row) and a temperature > 0");
+        return NULL;
+    }
+    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
+    Scored *sc = malloc((size_t)k * sizeof(Scored));
+    double *p = malloc((size_t)k * sizeof(double));
+    PyObject *out = NULL;
+    int ok = (idx && sc && p) ? 1 : -1;
+    Py_BEGIN_ALLOW_THREADS
+    if (ok == 1) ok = topk_core(x, n, k, idx);
+    if (ok == 1) {
+        for (Py_ssize_t j = 0; j < k; j++) {
+            sc[j].z = (double)x[idx[j]] / temperature;
+            sc[j].id = idx[j];
+        }
+        qsort(sc, (size_t)k, sizeof(Scored), by_z_then_id);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            p[j] = exp(sc[j].z - sc[0].z);
+            idx[j] = sc[j].id;
+        }
+        double total = np_sum(p, k);
+        for (Py_ssize_t j = 0; j < k; j++) p[j] /= total;
+    }
+    Py_END_ALLOW_THREADS
+    if (ok == 1) {
+        PyObject *ids = PyBytes_FromStringAndSize((const char *)idx, k * (Py_ssize_t)sizeof(int64_t));
+        PyObject *ps = PyBytes_FromStringAndSize((const char *)p, k * (Py_ssize_t)sizeof(double));
+        if (ids && ps) out = PyTuple_Pack(2, ids, ps);
+        Py_XDECREF(ids);
+        Py_XDECREF(ps);
+    } else if (ok < 0) {
+        PyErr_NoMemory();
+    } else {
+        Py_INCREF(Py_None);
+        out = Py_None;
+    }
+    free(idx);
+    free(sc);
+    free(p);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 /* coupling.py's noise: splitmix64's finaliser, and U(seed, position, id) */
 static uint64_t mix64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -394,6 +460,8 @@ static PyMethodDef methods[] = {
     {"support", support, METH_VARARGS,
      "support(row, top_k, top_p, min_p, temperature) -> (ids, p) as bytes (int64 ascending, float64), or None: "
      "sampling.support's chain on the row's top_k candidates."},
+    {"head", head, METH_VARARGS,
+     "head(row, k, temperature) -> (ids, p) as bytes, or None: sampling.head_probs (most likely first)."},
     {"gumbel", gumbel, METH_VARARGS,
      "gumbel(ids, p, seed, position) -> the coupled draw from a support: coupling.gumbel_draw."},
     {"top_ids", top_ids, METH_VARARGS,

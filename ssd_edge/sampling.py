@@ -38,9 +38,9 @@ import numpy as np
 from .config import SamplingConfig
 
 try:  # compiled at install where a C compiler is (setup.py); without it the numpy paths do the same
-    from .native import support as compiled_support, top_ids as compiled_top_ids
+    from .native import head as compiled_head, support as compiled_support, top_ids as compiled_top_ids
 except ImportError:  # pragma: no cover - a build without the extension
-    compiled_support = compiled_top_ids = None
+    compiled_head = compiled_support = compiled_top_ids = None
 
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many largest first, and the full row only if needed
 HEAD = 40  # the largest logits a row's confidence and candidates are read from where sampling sets no top-k
@@ -145,8 +145,13 @@ def head_probs(logits: np.ndarray, temperature: float = 1.0, k: int = HEAD) -> S
     Ids most likely first. Over the head alone, not the whole row: an estimate (the tail's mass is
     left out), calibrated against real acceptance where it is used (planning/planner.py)."""
     x = np.asarray(logits)
+    t = max(temperature, 1e-3)
+    if compiled_head is not None and k < x.shape[0] and x.dtype == np.float32 and x.flags.c_contiguous:
+        got = compiled_head(x, k, t)  # the same in C (ssd_edge/native.c); None: ties, NaN
+        if got is not None:
+            return Support(np.frombuffer(got[0], dtype=np.int64), np.frombuffer(got[1], dtype=np.float64))
     ids = top_ids(x, min(k, x.shape[0]))
-    z = x[ids].astype(np.float64) / max(temperature, 1e-3)
+    z = x[ids].astype(np.float64) / t
     order = np.lexsort((ids, -z))  # most likely first, ties to the lower id
     ids, z = ids[order], z[order]
     p = np.exp(z - z[0])

@@ -289,3 +289,25 @@ def test_the_compiled_support_is_the_numpy_chain():
             a, b = sampling._support_numpy(x, s), sampling.support(x, s)
             assert a.ids.tolist() == b.ids.tolist(), (len(x), s)
             np.testing.assert_allclose(b.p, a.p, rtol=1e-13, atol=0)
+
+
+def test_the_compiled_head_is_numpys(monkeypatch):
+    """sampling.head_probs in C against its numpy path: the same ids in the same order, the same
+    probabilities to the last bits."""
+    import ssd_edge.sampling as sampling
+
+    if sampling.compiled_head is None:
+        pytest.skip("the compiled head is not built here")
+    for x in _rows_with_ties_and_masks():
+        if not np.isfinite(x).any() or len(x) <= HEAD_K:
+            continue
+        for t in (1.0, 0.5, 1e-4):
+            compiled = sampling.head_probs(x, t)
+            with monkeypatch.context() as m:
+                m.setattr(sampling, "compiled_head", None)
+                reference = sampling.head_probs(x, t)
+            assert compiled.ids.tolist() == reference.ids.tolist(), (len(x), t)
+            np.testing.assert_allclose(compiled.p, reference.p, rtol=1e-12, atol=1e-300)
+
+
+HEAD_K = 40
