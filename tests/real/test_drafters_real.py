@@ -62,7 +62,7 @@ def test_model_drafter_greedy_matches_plain_decoding_and_rolls_back(draft_model)
 
 @pytest.mark.real
 def test_model_drafter_sampled_draws_and_p_min(draft_model):
-    from ssd_edge.coupling import gumbel_pick
+    from ssd_edge.coupling import gumbel_draw
     from ssd_edge.llama.backend import Context
     from ssd_edge.llama.kvseq import KVSeq
     from ssd_edge.speculation.drafters import ModelDrafter, draft_probs
@@ -83,7 +83,7 @@ def test_model_drafter_sampled_draws_and_p_min(draft_model):
         finally:
             fresh.close()
         for i, t in enumerate(d.tokens):
-            assert t == gumbel_pick(draft_probs(logits[i], s), 7, n + i)
+            assert t == gumbel_draw(*draft_probs(logits[i], s), 7, n + i)
         # the same seed drafts the same tokens again (after a rollback), another seed mostly not
         assert drafter.propose(history, 4).tokens == d.tokens
         # an impossible confidence floor drafts nothing; the engine then verifies no draft
