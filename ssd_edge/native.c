@@ -208,6 +208,32 @@ static int by_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A row's length in floats, checked against k and the temperature; -1 with a ValueError (the buffer
+ * released) where they do not fit. */
+static Py_ssize_t row_length(Py_buffer *buf, Py_ssize_t k, double temperature) {
+    Py_ssize_t n = buf->len / (Py_ssize_t)sizeof(float);
+    if (k < 1 || k >= n || temperature <= 0.0) {
+        PyBuffer_Release(buf);
+        PyErr_SetString(PyExc_ValueError, "need 1 <= k < len(row) and a temperature > 0");
+        return -1;
+    }
+    return n;
+}
+
+/* What support() and head() hand back: (ids, p) as bytes where ok is 1, None where the numpy path must
+ * decide (0), a MemoryError (-1). */
+static PyObject *ids_and_probs(int ok, const int64_t *idx, const double *p, Py_ssize_t m) {
+    if (ok < 0) return PyErr_NoMemory();
+    if (ok == 0) Py_RETURN_NONE;
+    PyObject *out = NULL;
+    PyObject *ids = PyBytes_FromStringAndSize((const char *)idx, m * (Py_ssize_t)sizeof(int64_t));
+    PyObject *ps = PyBytes_FromStringAndSize((const char *)p, m * (Py_ssize_t)sizeof(double));
+    if (ids && ps) out = PyTuple_Pack(2, ids, ps);
+    Py_XDECREF(ids);
+    Py_XDECREF(ps);
+    return out;
+}
+
 /* support(row, top_k, top_p, min_p, temperature) -> (ids bytes int64 ascending, p bytes float64) or None:
  * sampling.support for top_k > 0, step by step in its order and arithmetic (see there). */
 static PyObject *support(PyObject *self, PyObject *args) {
@@ -216,12 +242,8 @@ static PyObject *support(PyObject *self, PyObject *args) {
     double top_p, min_p, temperature;
     if (!PyArg_ParseTuple(args, "y*nddd", &buf, &k, &top_p, &min_p, &temperature)) return NULL;
     const float *x = (const float *)buf.buf;
-    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
-    if (k < 1 || k >= n || temperature <= 0.0) {
-        PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_ValueError, "support: need 1 <= top_k < len(row) and a temperature > 0");
-        return NULL;
-    }
+    Py_ssize_t n = row_length(&buf, k, temperature);
+    if (n < 0) return NULL;
     int64_t *idx = malloc((size_t)k * sizeof(int64_t));
     double *z = malloc((size_t)k * sizeof(double));
     double *p = malloc((size_t)k * sizeof(double));
@@ -310,18 +332,7 @@ static PyObject *support(PyObject *self, PyObject *args) {
         m = w;
     }
     Py_END_ALLOW_THREADS
-    if (ok == 1) {
-        PyObject *ids = PyBytes_FromStringAndSize((const char *)idx, m * (Py_ssize_t)sizeof(int64_t));
-        PyObject *ps = PyBytes_FromStringAndSize((const char *)p, m * (Py_ssize_t)sizeof(double));
-        if (ids && ps) out = PyTuple_Pack(2, ids, ps);
-        Py_XDECREF(ids);
-        Py_XDECREF(ps);
-    } else if (ok < 0) {
-        PyErr_NoMemory();
-    } else {
-        Py_INCREF(Py_None);
-        out = Py_None;
-    }
+    out = ids_and_probs(ok, idx, p, m);
     free(idx);
     free(z);
     free(p);
@@ -351,12 +362,8 @@ static PyObject *head(PyObject *self, PyObject *args) {
     double temperature;
     if (!PyArg_ParseTuple(args, "y*nd", &buf, &k, &temperature)) return NULL;
     const float *x = (const float *)buf.buf;
-    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
-    if (k < 1 || k >= n || temperature <= 0.0) {
-        PyBuffer_Release(&buf);
-        PyErr_SetString(PyExc_ValueError, "head: need 1 <= k < len(row) and a temperature > 0");
-        return NULL;
-    }
+    Py_ssize_t n = row_length(&buf, k, temperature);
+    if (n < 0) return NULL;
     int64_t *idx = malloc((size_t)k * sizeof(int64_t));
     Scored *sc = malloc((size_t)k * sizeof(Scored));
     double *p = malloc((size_t)k * sizeof(double));
@@ -378,18 +385,7 @@ static PyObject *head(PyObject *self, PyObject *args) {
         for (Py_ssize_t j = 0; j < k; j++) p[j] /= total;
     }
     Py_END_ALLOW_THREADS
-    if (ok == 1) {
-        PyObject *ids = PyBytes_FromStringAndSize((const char *)idx, k * (Py_ssize_t)sizeof(int64_t));
-        PyObject *ps = PyBytes_FromStringAndSize((const char *)p, k * (Py_ssize_t)sizeof(double));
-        if (ids && ps) out = PyTuple_Pack(2, ids, ps);
-        Py_XDECREF(ids);
-        Py_XDECREF(ps);
-    } else if (ok < 0) {
-        PyErr_NoMemory();
-    } else {
-        Py_INCREF(Py_None);
-        out = Py_None;
-    }
+    out = ids_and_probs(ok, idx, p, k);
     free(idx);
     free(sc);
     free(p);
