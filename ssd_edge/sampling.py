@@ -1,4 +1,10 @@
-"""Logit rows -> the probability vectors actually sampled from.
+"""Logit rows -> the distributions actually sampled from, on each row's candidates.
+
+A row of a 152k vocabulary is read once (top_ids: in C where ssd_edge/native.c is built, else numpy)
+and everything after works on its top-k candidates: support() is the distribution on the tokens it can
+draw, head_probs() the row's 40 likeliest for planning (the draft's candidates, the target's confidence,
+--draft-p-min's probability of the likeliest token: over those 40, not the whole row). top-k 0 (off)
+reads the whole row in float64, the slow path. probs() scatters a support into a dense row (tests).
 
 The same transform is applied to the target's rows (p) and the draft's rows
 (q). What is committed is always a draw from p (coupling.py); q only decides

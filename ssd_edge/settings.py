@@ -109,7 +109,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
            "context (default: generate 256, tui 512, chat and serve -1)", _R),
     Option("temp", ("--temp",), float, "temperature; 0 = greedy (default 0)", _S),
-    Option("top_k", ("--top-k",), int, "top-k sampling; 0 = off (default 40)", _S),
+    Option("top_k", ("--top-k",), int, "top-k sampling (default 40); 0 = off, which samples from each whole "
+           "row of the vocabulary: slower (on a GPU, much slower) than the top-k candidates alone", _S),
     Option("top_p", ("--top-p",), float, "top-p sampling, in (0, 1] (default 0.95)", _S),
     Option("min_p", ("--min-p",), float, "min-p sampling, in [0, 1) (default 0.05)", _S),
     Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
