@@ -54,7 +54,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _S31)
 
 
-def _mix_int(x: int) -> int:
+def mix64(x: int) -> int:
     """_mix on one Python int (mod 2**64): the same bits, without numpy's scalar overhead."""
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -66,8 +66,8 @@ def uniforms(seed, position, ids) -> np.ndarray:
     ints or arrays that broadcast together (e.g. seeds (n, 1) against ids (V,) for n draws at once)."""
     if isinstance(seed, (int, np.integer)) and isinstance(position, (int, np.integer)):
         # one draw: the key in Python ints (mod 2**64), numpy only over the ids (arrays wrap silently)
-        key = _mix_int((int(seed) % (1 << SEED_BITS) + int(_GOLDEN)) & _MASK)
-        key = np.uint64(_mix_int(key ^ ((int(position) * int(_GOLDEN)) & _MASK)))
+        key = mix64((int(seed) % (1 << SEED_BITS) + int(_GOLDEN)) & _MASK)
+        key = np.uint64(mix64(key ^ ((int(position) * int(_GOLDEN)) & _MASK)))
         h = _mix(key ^ (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _M2)
         return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
     if isinstance(seed, (int, np.integer)):

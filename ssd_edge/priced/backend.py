@@ -14,8 +14,9 @@ The language (151,936 tokens, Qwen's vocabulary size; 0..255 bytes, then words, 
 
 A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it, so a wrong rollback
 gives wrong rows), builds the wanted rows, then waits out the rest of the batch's price with the GIL
-released (an Event wait, which the abort signal cuts short): its wall time is the price, or the time the
-rows took where that is longer. The price goes on interface.DECODES, as llama_decode's time does.
+released (PricedContext._wait: spinning, as a CUDA host thread does, in slices the abort signal cuts
+short; a sleep where ssd_edge/native.c is not built): its wall time is the price, or the time the rows
+took where that is longer. The measured time goes on interface.DECODES, as llama_decode's time does.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..coupling import mix64
 from ..errors import DecodeError
 from ..interface import DECODES, Aborted, ModelInfo
 from .cells import CellCache, seq_ids
@@ -59,11 +61,9 @@ _AGREE, _DRAFT = 0x5EED_A9E5, 0xD4AF_7001  # salts: the draft's coin per context
 
 
 def mix(x: int) -> int:
-    """splitmix64's finalizer: a well-spread 64-bit hash of a 64-bit integer."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
+    """splitmix64's step (the golden increment, then its finaliser, coupling.mix64): a well-spread
+    64-bit hash of a 64-bit integer."""
+    return mix64((x + 0x9E3779B97F4A7C15) & _M64)
 
 
 def context_hash(tail: Sequence[int], pos: int) -> int:
