@@ -18,6 +18,11 @@ value seen times --margin.
 
     .venv/bin/python scripts/row_tolerance.py --pair small -o row_tolerance_small.json
     .venv/bin/python scripts/row_tolerance.py --pair default --threads 1 2 -o row_tolerance_qwen.json
+    .venv/bin/python scripts/row_tolerance.py --pair default --threads 1 --kv q8_0 -o row_tolerance_qwen_q8_0.json
+
+--kv q8_0 or q4_0 quantizes the target's K and V caches (-ctk/-ctv, with flash attention on, which a
+quantized V cache needs): a batch writes its cells from its own slightly different values, and the
+rounding to 8 or 4 bits can widen the difference, so each cache type has its own tolerances.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ def prompts(n: int) -> list[list[dict]]:
     return [json.loads(ln)["messages"] for ln in lines if ln.strip()][:n]
 
 
-def measure(model, messages, tokens: int, batches: list[int], threads: int) -> tuple[list[float], list[float]]:
+def measure(model, messages, tokens: int, batches: list[int], threads: int, kv: str = "f16"
+            ) -> tuple[list[float], list[float]]:
     from ssd_edge.llama.backend import Context
     from ssd_edge.llama.kvseq import KVSeq
 
     prompt = model.tokenize(model.render_chat(messages), parse_special=True)
-    ctx = Context(model, len(prompt) + tokens + max(batches) + 8, 512, threads)
+    memory = {} if kv == "f16" else dict(cache_type_k=kv, cache_type_v=kv, flash_attn="on")
+    ctx = Context(model, len(prompt) + tokens + max(batches) + 8, 512, threads, **memory)
     try:
         kv = KVSeq(ctx)
         row = kv.feed(prompt)[-1]
@@ -98,20 +105,22 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="answer tokens per prompt")
     ap.add_argument("--batches", type=int, nargs="+", default=[2, 4, 5], help="batch sizes (a verify of k drafts: k+1)")
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--kv", choices=("f16", "q8_0", "q4_0"), default="f16",
+                    help="the target's KV cache type (-ctk/-ctv; quantized ones with flash attention on)")
     ap.add_argument("--margin", type=float, default=1.5, help="tolerance = margin x the largest value seen")
     ap.add_argument("-o", "--output", type=Path, required=True)
     args = ap.parse_args()
     from ssd_edge.llama.backend import Model
 
     model = Model(pair_target(args.pair))
-    out = {"pair": args.pair, "target": str(model.path), "prompts": args.prompts, "tokens": args.tokens,
+    out = {"pair": args.pair, "target": str(model.path), "prompts": args.prompts, "tokens": args.tokens, "kv": args.kv,
            "batches": args.batches, "margin": args.margin, "threads": {}}
     t0 = time.perf_counter()
     try:
         for threads in args.threads:
             rd, gs = [], []
             for messages in prompts(args.prompts):
-                r, g = measure(model, messages, args.tokens, args.batches, threads)
+                r, g = measure(model, messages, args.tokens, args.batches, threads, args.kv)
                 rd += r
                 gs += g
                 print(f"threads {threads}: {len(rd)} rows, row diff max {max(rd):.4f}, gap shift max {max(gs):.4f}",

@@ -33,6 +33,7 @@ class Priced:
 
     table: str = "h200-1.5b"
     agreement: float = DEFAULT_AGREEMENT
+    ties: float = 0.0  # contexts with a planted near-tie that a batch ranks the other way (backend.py; tests)
 
     def __post_init__(self) -> None:
         if self.table not in TABLES:
@@ -61,7 +62,8 @@ class Priced:
         return f"priced: {self.prices.device} table {self.table}, draft agreement {self.agreement:g}"
 
     def models(self) -> tuple[PricedModel, PricedModel]:
-        return PricedModel(self.prices, "target"), PricedModel(self.prices, "draft", self.agreement)
+        return (PricedModel(self.prices, "target", ties=self.ties),
+                PricedModel(self.prices, "draft", self.agreement, ties=self.ties))
 
     def engine(self, config: EngineConfig) -> Engine:
         """An engine over the pair, with config's context size, batch and modes (its model paths are not read;
@@ -77,6 +79,8 @@ class Priced:
         return Engine.from_parts(config, target, target_ctx, draft, draft_ctx)
 
 
-def engine(config: EngineConfig, table: str = "h200-1.5b", agreement: float = DEFAULT_AGREEMENT) -> Engine:
-    """An engine over the priced pair of `table`, its draft agreeing with its target at `agreement`."""
-    return Priced(table, agreement).engine(config)
+def engine(config: EngineConfig, table: str = "h200-1.5b", agreement: float = DEFAULT_AGREEMENT,
+           ties: float = 0.0) -> Engine:
+    """An engine over the priced pair of `table`, its draft agreeing with its target at `agreement`,
+    near-ties planted on a fraction `ties` of the contexts."""
+    return Priced(table, agreement, ties).engine(config)

@@ -11,6 +11,11 @@ The language (151,936 tokens, Qwen's vocabulary size; 0..255 bytes, then words, 
           `agreement`: then its row is the target's, bit for bit, so coupled sampling draws the same
           token. Otherwise it favours another token, in another noise row; the target's favourite is its
           runner-up on half of those contexts (a miss its candidates predict) and absent on the others.
+  ties    (PricedModel(ties=f), tests) on a fraction f of the contexts the target's two candidates nearly
+          tie and a batch ranks them the other way, as a GPU's batched kernels can: the runner-up
+          TIE_GAP below the favourite in a one-token decode's row, TIE_GAP above it in a batch's. Greedy
+          ar and a verify then choose differently there, and only a near-tie proof may excuse it
+          (tests/lossless_check.py). The draft's row, where it agrees, is the target's, tie included.
 
 A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it, so a wrong rollback
 gives wrong rows), builds the wanted rows, then waits out the rest of the batch's price with the GIL
@@ -55,9 +60,11 @@ PEAK = 13.0         # the favourite's logit: p 0.91 at T=1 beside the two below 
 SECOND = PEAK - 2.7  # p 0.06
 THIRD = PEAK - 3.5   # p 0.03
 RUNNER_UP = 0.5     # share of the draft's misses where the target's favourite is its second choice
+TIE_GAP = 0.15      # a planted tie: the runner-up this far below the favourite (one token), above it (a batch)
 
 _M64 = (1 << 64) - 1
-_AGREE, _DRAFT = 0x5EED_A9E5, 0xD4AF_7001  # salts: the draft's coin per context, its own choice
+_AGREE, _DRAFT, _TIE = 0x5EED_A9E5, 0xD4AF_7001, 0x71E5_0B0E  # salts: the draft's coin per context, its own
+                                                             # choice, a planted tie's coin
 
 
 def mix(x: int) -> int:
@@ -88,29 +95,34 @@ def noise() -> np.ndarray:
     return rows
 
 
-def choices(tail: Sequence[int], pos: int, agreement: float | None) -> tuple[int, int, int, int]:
-    """(noise row, favourite, second, third) after `tail` ending at `pos`: the target's (agreement
-    None), or the draft's."""
+def choices(tail: Sequence[int], pos: int, agreement: float | None, ties: float = 0.0
+            ) -> tuple[int, int, int, int, bool]:
+    """(noise row, favourite, second, third, tied) after `tail` ending at `pos`: the target's (agreement
+    None), or the draft's; tied: the target's two candidates nearly tie here (a fraction `ties` of the
+    contexts), so a batch ranks them the other way (rows_for)."""
     h = context_hash(tail, pos)
     fav = _word(h)
-    target = (h % POOL, fav, _word(mix(h ^ 1), fav), _word(mix(h ^ 2), fav))
+    tied = ties > 0.0 and mix(h ^ _TIE) < ties * 2**64
+    target = (h % POOL, fav, _word(mix(h ^ 1), fav), _word(mix(h ^ 2), fav), tied)
     if agreement is None or mix(h ^ _AGREE) < agreement * 2**64:
         return target
     d = mix(h ^ _DRAFT)
     mine = _word(d, fav)
     second = fav if mix(d ^ 3) < RUNNER_UP * 2**64 else _word(mix(d ^ 1), fav, mine)
-    return (d % POOL, mine, second, _word(mix(d ^ 2), fav, mine, second))
+    return (d % POOL, mine, second, _word(mix(d ^ 2), fav, mine, second), False)
 
 
-def rows_for(picks: Sequence[tuple[int, int, int, int]], out: np.ndarray | None = None) -> np.ndarray:
-    """(len(picks), N_VOCAB) float32 logit rows for choices(): new, or written into `out`."""
+def rows_for(picks: Sequence[tuple[int, int, int, int, bool]], out: np.ndarray | None = None,
+             batched: bool = False) -> np.ndarray:
+    """(len(picks), N_VOCAB) float32 logit rows for choices(): new, or written into `out`. A tied pick's
+    runner-up sits TIE_GAP below the favourite, or above it in a batch's row (`batched`)."""
     if not picks:
         return np.empty((0, N_VOCAB), np.float32)
-    p = np.asarray(picks)
+    p = np.asarray(picks, dtype=np.int64)
     out = np.take(noise(), p[:, 0], axis=0, out=out)
     at = np.arange(len(p))
     out[at, p[:, 1]] = PEAK
-    out[at, p[:, 2]] = SECOND
+    out[at, p[:, 2]] = np.where(p[:, 4] != 0, PEAK + (TIE_GAP if batched else -TIE_GAP), SECOND)
     out[at, p[:, 3]] = THIRD
     return out
 
@@ -135,11 +147,17 @@ def word_piece(token: int) -> bytes:
 
 
 class PricedModel:
-    """One side of a priced pair: the target, or the draft that agrees with it at `agreement`."""
+    """One side of a priced pair: the target, or the draft that agrees with it at `agreement`; `ties`:
+    the fraction of contexts with a planted near-tie that a batch ranks the other way (module doc)."""
 
-    def __init__(self, table: PriceTable, role: str, agreement: float | None = None) -> None:
+    def __init__(self, table: PriceTable, role: str, agreement: float | None = None, ties: float = 0.0) -> None:
+        if not 0.0 <= ties <= 1.0:
+            raise ValueError(f"ties must be a fraction between 0 and 1, not {ties}")
         self.table, self.role = table, role
         self.agreement = agreement if role == "draft" else None
+        self.ties = ties
+        # how far a batch's row differs from a one-token row (at a tied runner-up), for near-tie proofs
+        self.batch_shift = 2 * TIE_GAP if ties else 0.0
         self.curve: Curve = table.curve(role)
         self.path = Path(f"/priced/{table.name}-{role}")  # no file: calibration profiles skip it
         self.n_vocab = N_VOCAB
@@ -216,12 +234,12 @@ class PricedContext(CellCache):
             raise Aborted()
         price = self.model.price_s(n)
         cells = self.store(tokens, positions, seqs)
-        agreement = self.model.agreement
-        picks = [choices(self.tail(seq_ids(seqs[i])[0], positions[i], CONTEXT), positions[i], agreement)
+        agreement, ties = self.model.agreement, self.model.ties
+        picks = [choices(self.tail(seq_ids(seqs[i])[0], positions[i], CONTEXT), positions[i], agreement, ties)
                  for i in logits_for]
         if not copy and len(self._out) < len(picks):
             self._out = np.empty((len(picks), N_VOCAB), np.float32)
-        rows = rows_for(picks, None if copy else self._out[:len(picks)])
+        rows = rows_for(picks, None if copy else self._out[:len(picks)], batched=n > 1)
         if not self._wait(t0 + price):
             self.unstore(cells)  # as llama.cpp does: an aborted batch leaves the cache as it was
             DECODES.add(time.perf_counter() - t0, 0)

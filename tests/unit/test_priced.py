@@ -15,7 +15,7 @@ import pytest
 from ssd_edge.errors import ConfigError
 from ssd_edge.interface import DECODES, Aborted, AbortSignal, BackendContext, BackendModel
 from ssd_edge.priced import Priced, PricedContext, PricedModel, TABLES
-from ssd_edge.priced.backend import EOG, N_VOCAB, PEAK, WORD0, choices
+from ssd_edge.priced.backend import EOG, N_VOCAB, PEAK, TIE_GAP, WORD0, choices
 
 T15 = TABLES["h200-1.5b"]
 SLACK_S = 0.030  # a loaded 2-core machine may wake a waiter late; never early
@@ -112,6 +112,28 @@ def test_the_draft_agrees_with_the_target_at_its_rate(agreement):
                                    rng.randrange(4096)) for _ in range(n)))
     sd = (agreement * (1 - agreement) / n) ** 0.5
     assert abs(agree / n - agreement) < 5 * sd, agree / n
+
+
+def test_planted_ties_rank_two_candidates_one_way_alone_and_the_other_way_in_a_batch():
+    """PricedModel(ties=f): on about f of the contexts the target's runner-up sits TIE_GAP below its
+    favourite in a one-token decode's row and TIE_GAP above it in a batch's; every other row, and every
+    row without ties, is the same however it was decoded."""
+    tokens = words(400, seed=4)
+    for ties in (0.0, 0.25):
+        target = PricedModel(T15, "target", ties=ties)
+        assert target.batch_shift == 2 * TIE_GAP * (ties > 0)
+        alone, batched = PricedContext(target), PricedContext(target)
+        one = np.stack([feed(alone, [t], i)[0] for i, t in enumerate(tokens)])
+        many = np.concatenate([feed(batched, tokens[i:i + 8], i) for i in range(0, len(tokens), 8)])
+        differ = np.flatnonzero((one != many).any(axis=1))
+        assert len(differ) == pytest.approx(ties * len(tokens), abs=4 * (ties * len(tokens)) ** 0.5 + 1e-9)
+        for i in differ:
+            a, b = np.argsort(one[i])[-2:][::-1]  # the favourite, then the tied runner-up
+            assert one[i][a] == PEAK and one[i][b] == PEAK - TIE_GAP
+            assert many[i][b] == PEAK + TIE_GAP and many[i][a] == PEAK and many[i].argmax() == b
+            assert np.flatnonzero(one[i] != many[i]).tolist() == [b]
+    with pytest.raises(ValueError, match="ties"):
+        PricedModel(T15, "target", ties=1.5)
 
 
 def test_target_and_draft_rows_are_identical_where_they_agree_and_differ_where_not():
