@@ -308,7 +308,7 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     spec = {k: v for k, v in (("k", s["draft_max"]), ("k_min", s["draft_min"]), ("p_min", s["draft_p_min"]))
             if v is not None}
     rpc = _rpc_endpoints(s)
-    ngl = s["n_gpu_layers"] if s["n_gpu_layers"] is not None else (-1 if rpc or _local_gpu() else 0)
+    ngl = target_gpu_layers(s["n_gpu_layers"], bool(rpc))
     if s["flash_attn"] == "off":
         for name in ("cache_type_v", "cache_type_v_draft"):
             if s[name] not in (None, "f16"):
@@ -340,6 +340,11 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         return EngineConfig.model_validate(raw)
     except ValidationError as e:
         raise _explain(e, s) from None
+
+
+def target_gpu_layers(given: int | None, rpc: bool = False) -> int:
+    """The target's -ngl: as given, else all of it (-1) on --rpc servers or where a local GPU is, else 0."""
+    return given if given is not None else (-1 if rpc or _local_gpu() else 0)
 
 
 def _local_gpu() -> bool:

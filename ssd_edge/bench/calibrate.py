@@ -132,7 +132,7 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
         target=model_id(engine, 0), draft=model_id(engine, 1), k_max=k_max,
         costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load,
-        memory={**engine.memory().to_dict(), "n_ctx": engine.config.n_ctx})
+        memory={**engine.memory().to_dict(), "n_ctx": engine.config.n_ctx}, offload=prof.offload_of(engine.config))
 
 
 def model_id(engine: Engine, role: int) -> prof.ModelId | None:
@@ -206,7 +206,7 @@ def ensure_profile(engine: Engine, *, recalibrate: bool = False, progress: Progr
                    **kwargs) -> tuple[prof.Profile, bool]:
     """The saved profile of the engine's pair on this device, measured and saved if missing.
     Returns (profile, measured_now) and sets engine.profile."""
-    existing = None if recalibrate else prof.load(*engine.model_paths)
+    existing = None if recalibrate else prof.load(*engine.model_paths, prof.offload_of(engine.config))
     if existing is not None:
         engine.profile = existing
         return existing, False
@@ -226,7 +226,7 @@ def needs_first_use(engine: Engine) -> bool:
     if not engine.plans_with_profile:
         return False
     try:
-        return prof.load(*engine.model_paths) is None
+        return prof.load(*engine.model_paths, prof.offload_of(engine.config)) is None
     except OSError:  # a model without a file (the tests' fakes)
         return False
 
@@ -261,8 +261,11 @@ def default_pair(model: str | None, model_draft: str | None, models_dir: str | N
 def _print(p: prof.Profile, path, console) -> None:
     from rich.table import Table
 
+    gpus = f", {p.device.gpus}" if p.device.gpus else ""
+    offload = f" at {p.offload}" if p.offload else ""
     console.print(f"[bold]{p.target.name}[/] + draft [bold]{p.draft.name if p.draft else '-'}[/] on "
-                  f"{p.device.cpu} ({p.device.cores} cores), measured {p.created} in {p.calibration_s:.0f} s",
+                  f"{p.device.cpu} ({p.device.cores} cores{gpus}){offload}, measured {p.created} in "
+                  f"{p.calibration_s:.0f} s",
                   soft_wrap=True)  # names and paths whole on one line, also in a pipe (rich wraps at 80 there)
     console.print(f"profile: {path}", soft_wrap=True)
     cols = sorted({n for n in (1, 2, 4, 8, p.k_max + 1) if n <= p.k_max + 1})
@@ -304,8 +307,11 @@ def _print(p: prof.Profile, path, console) -> None:
 
 def main(model: str | None = None, model_draft: str | None = None, models_dir: str | None = None, *,
          k_max: int = NGRAM_CAP, reps: int = 3, probe_tokens: int = 48, quick: bool = False, show: bool = False,
-         json_out: bool = False, verbose: bool = False) -> int:
-    """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one)."""
+         json_out: bool = False, verbose: bool = False, n_gpu_layers: int | None = None,
+         n_gpu_layers_draft: int | None = None) -> int:
+    """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one), at
+    the GPU offload generate would use (-ngl: the whole target where a local GPU is; -ngld: 0)."""
+    from ..settings import target_gpu_layers
     from rich.console import Console
 
     from ..models import vocab
@@ -324,21 +330,24 @@ def main(model: str | None = None, model_draft: str | None = None, models_dir: s
     target_path = resolve_model(target, models_dir)
     draft_path = resolve_model(draft, models_dir)
     vocab.check(target_path, draft_path)  # GGUF files whose vocabularies fit, as generate checks before loading
+    cores = prof.device_info().cores
+    config = EngineConfig.build(target=dict(path=str(target_path), threads=cores,
+                                            n_gpu_layers=target_gpu_layers(n_gpu_layers)),
+                                draft=dict(path=str(draft_path), threads=cores, n_gpu_layers=n_gpu_layers_draft or 0),
+                                n_ctx=1024, mode="sd", verbose=verbose)
+    offload = prof.offload_of(config)
     if show:
-        p = prof.load(target_path, draft_path)
+        p = prof.load(target_path, draft_path, offload)
         if p is None:
-            console.print(f"no profile for {target_path.name} + {draft_path.name} on this device; "
-                          "run ssd-edge calibrate")
+            console.print(f"no profile for {target_path.name} + {draft_path.name} on this device"
+                          f"{' at ' + offload if offload else ''}; run ssd-edge calibrate")
             return 1
         if json_out:
             out.print_json(p.model_dump_json())
         else:
-            _print(p, prof.profile_path(p.device, p.target, p.draft), out)
+            _print(p, prof.profile_path(p.device, p.target, p.draft, p.offload), out)
         return 0
-    cores = prof.device_info().cores
-    engine = Engine(EngineConfig.build(target=dict(path=str(target_path), threads=cores),
-                                       draft=dict(path=str(draft_path), threads=cores),
-                                       n_ctx=1024, mode="sd", verbose=verbose))
+    engine = Engine(config)
     try:
         with Report(console) as report:
             task = report.task("loading")

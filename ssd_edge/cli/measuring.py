@@ -54,7 +54,8 @@ PRICED_HELP = ("run the modes on a priced pair instead of model files: a synthet
                "change no price; the draft's worker runs beside the target as on a GPU): --settings does not "
                "apply; no llama.cpp peer; auto plans from a profile measured on the priced pair, in memory "
                "(saved profiles are untouched)")
-CALIBRATE_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_predict", "verbose", "debug"]
+CALIBRATE_OPTIONS = ["model", "model_draft", "hf_repo", "hf_repo_draft", "models_dir", "n_gpu_layers",
+                     "n_gpu_layers_draft", "n_predict", "verbose", "debug"]
 CALIBRATE_HELP = {"model_draft": _DEFAULT_DRAFT,
                   "n_predict": "tokens per acceptance-probe generation (default 48; --quick: 24)"}
 
@@ -175,5 +176,6 @@ def calibrate(
         n = _old_name(flags, "n_predict", "--probe-tokens", probe_tokens)
         code = calibrate_main(flags["model"], flags["model_draft"], flags["models_dir"], k_max=k_max, reps=reps,
                               probe_tokens=48 if n is None else n, quick=quick, show=show, json_out=json_out,
-                              verbose=bool(flags["verbose"]))
+                              verbose=bool(flags["verbose"]), n_gpu_layers=flags["n_gpu_layers"],
+                              n_gpu_layers_draft=flags["n_gpu_layers_draft"])
     raise typer.Exit(code)

@@ -134,7 +134,8 @@ def ggml() -> Any:
         for name, args, res in [
             ("ggml_backend_dev_count", [], sz), ("ggml_backend_dev_get", [sz], vp),
             ("ggml_backend_dev_type", [vp], ctypes.c_int), ("ggml_backend_dev_backend_reg", [vp], vp),
-            ("ggml_backend_dev_name", [vp], s), ("ggml_backend_reg_name", [vp], s),
+            ("ggml_backend_dev_name", [vp], s), ("ggml_backend_dev_description", [vp], s),
+            ("ggml_backend_reg_name", [vp], s),
             ("ggml_backend_reg_by_name", [s], vp), ("ggml_backend_reg_get_proc_address", [vp, s], vp),
             ("ggml_backend_reg_dev_count", [vp], sz), ("ggml_backend_reg_dev_get", [vp, sz], vp),
             ("ggml_backend_register", [vp], None), ("ggml_set_abort_callback", [vp], vp)]:
@@ -154,6 +155,14 @@ def local_gpus() -> list[int]:
                 g.ggml_backend_reg_name(g.ggml_backend_dev_backend_reg(dev)) != b"RPC":
             out.append(dev)
     return out
+
+
+def local_gpu_names() -> list[str]:
+    """Each local GPU as ggml names and describes it, e.g. 'CUDA0 (NVIDIA H200)'; [] on a CPU build."""
+    init()
+    g = ggml()
+    return [f"{g.ggml_backend_dev_name(d).decode()} ({g.ggml_backend_dev_description(d).decode()})"
+            for d in local_gpus()]
 
 
 def gpu_offload_supported() -> bool:

@@ -36,10 +36,11 @@ class DeviceInfo(BaseModel):
     cpu: str
     cores: int = Field(description="CPU cores this process may run on")
     llama_cpp_python: str
+    gpus: str = Field(default="", description="the local GPUs llama.cpp sees, as ggml names them ('' none)")
 
     @property
     def key(self) -> str:
-        raw = f"{self.machine}|{self.cpu}|{self.cores}|{self.llama_cpp_python}"
+        raw = f"{self.machine}|{self.cpu}|{self.cores}|{self.llama_cpp_python}" + (f"|{self.gpus}" if self.gpus else "")
         return hashlib.sha256(raw.encode()).hexdigest()[:12]
 
 
@@ -94,6 +95,8 @@ class Profile(BaseModel):
     load_avg: float | None = Field(default=None, description="1-minute load average when calibration began")
     memory: dict[str, int] | None = Field(default=None, description="bytes by part while calibrating, both "
                                           "models loaded (memory.MemoryUse.to_dict), and the context's size")
+    offload: str = Field(default="", description="the GPU offload it was measured at (offload_of; '' none): "
+                         "another offload is another profile")
 
     # ------------------------------------------------------------ reading
     def at(self, target_threads: int, draft_threads: int | None = None) -> ThreadCosts | None:
@@ -135,15 +138,21 @@ class Profile(BaseModel):
         top = max(self.costs, key=lambda c: c.target_threads, default=None)
         return describe_regime(top.target_ms) if top is not None else describe_regime([])
 
-    def matches(self, device: DeviceInfo, target: ModelId, draft: ModelId | None) -> bool:
+    def matches(self, device: DeviceInfo, target: ModelId, draft: ModelId | None, offload: str = "") -> bool:
         return self.version == PROFILE_VERSION and self.device.key == device.key and self.target == target \
-            and self.draft == draft
+            and self.draft == draft and self.offload == offload
 
 
 # ---------------------------------------------------------------- files
 
 def device_info() -> DeviceInfo:
     from ..llama import backend
+    from ..llama.library import local_gpu_names
+
+    try:
+        gpus = ", ".join(local_gpu_names())
+    except ImportError:  # no compiled llama.cpp (a plain test environment): no GPU it could use
+        gpus = ""
 
     cpu = platform.processor() or ""
     try:
@@ -158,20 +167,35 @@ def device_info() -> DeviceInfo:
     except AttributeError:  # pragma: no cover - not Linux
         cores = os.cpu_count() or 1
     return DeviceInfo(machine=platform.machine(), cpu=cpu or "unknown", cores=cores,
-                      llama_cpp_python=backend.llama_cpp_version())
+                      llama_cpp_python=backend.llama_cpp_version(), gpus=gpus)
 
 
-def profile_path(device: DeviceInfo, target: ModelId, draft: ModelId | None) -> Path:
+def offload_of(config) -> str:
+    """What a profile measured at `config`'s GPU offload is keyed by: '' where every layer runs on the
+    CPU (no local GPU, or -ngl 0 and -ngld 0), else the two layer counts as the flags give them. A
+    profile measured at one offload says nothing of another, so a changed -ngl/-ngld is calibrated again."""
+    from ..llama.library import gpu_offload_supported
+
+    t = config.target.n_gpu_layers
+    d = config.draft.n_gpu_layers if config.draft is not None else 0
+    if (t == 0 and d == 0) or config.target.rpc or not gpu_offload_supported():
+        return ""
+    return f"-ngl {t} -ngld {d}"
+
+
+def profile_path(device: DeviceInfo, target: ModelId, draft: ModelId | None, offload: str = "") -> Path:
     from .. import paths
 
     pair = f"{target.name}:{target.size}|{draft.name + ':' + str(draft.size) if draft else '-'}"
+    if offload:
+        pair += f"|{offload}"
     tag = hashlib.sha256(pair.encode()).hexdigest()[:10]
     stem = Path(target.name).stem + ("+" + Path(draft.name).stem if draft else "")
     return paths.profiles_dir() / f"{device.key}-{tag}-{stem[:60]}.json"
 
 
 def save(profile: Profile) -> Path:
-    path = profile_path(profile.device, profile.target, profile.draft)
+    path = profile_path(profile.device, profile.target, profile.draft, profile.offload)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     tmp.write_text(profile.model_dump_json(indent=2))
@@ -188,7 +212,7 @@ def load_for(config, target_path: str | os.PathLike[str], draft_path: str | os.P
         log.info("target on rpc servers: the planner plans from what each generation measures")
         return None
     try:
-        prof = load(target_path, draft_path)
+        prof = load(target_path, draft_path, offload_of(config))
     except OSError:
         return None
     if prof is None:
@@ -197,12 +221,14 @@ def load_for(config, target_path: str | os.PathLike[str], draft_path: str | os.P
     return prof
 
 
-def load(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None) -> Profile | None:
-    """The saved profile of this device and pair, or None (never calibrated, or stale)."""
+def load(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str] | None, offload: str = ""
+         ) -> Profile | None:
+    """The saved profile of this device and pair at this GPU offload (offload_of), or None (never
+    calibrated, or stale)."""
     device = device_info()
     target = ModelId.of(target_path)
     draft = ModelId.of(draft_path) if draft_path else None
-    path = profile_path(device, target, draft)
+    path = profile_path(device, target, draft, offload)
     if not path.exists():
         return None
     try:
@@ -214,4 +240,4 @@ def load(target_path: str | os.PathLike[str], draft_path: str | os.PathLike[str]
     except (ValueError, AttributeError) as e:
         log.warning("ignoring unreadable calibration profile %s: %s", path, e)
         return None
-    return prof if prof.matches(device, target, draft) else None
+    return prof if prof.matches(device, target, draft, offload) else None

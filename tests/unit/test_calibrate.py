@@ -113,6 +113,37 @@ def test_profile_round_trips_through_the_cache_and_is_keyed_by_device_and_pair(t
     assert prof.load(t, d) is None                   # an older version (contention measured otherwise): again
 
 
+def test_a_profile_is_keyed_by_the_gpu_offload_and_the_gpus(tmp_path, monkeypatch):
+    """A profile measured at one GPU offload is another file than one at another (a changed -ngl or
+    -ngld is calibrated again, as first use); every layer on the CPU keys as before (''), as does a
+    -ngl on a build without a local GPU. The GPUs llama.cpp sees are part of the device's key."""
+    import ssd_edge.llama.library as library
+    from ssd_edge.config import EngineConfig
+
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path))
+    t, d = tmp_path / "t.gguf", tmp_path / "d.gguf"
+    t.write_bytes(b"x" * 10)
+    d.write_bytes(b"y" * 5)
+
+    def config(ngl, ngld=0):
+        return EngineConfig.build(target=dict(path=str(t), n_gpu_layers=ngl), draft=dict(path=str(d), n_gpu_layers=ngld))
+
+    monkeypatch.setattr(library, "gpu_offload_supported", lambda: False)
+    assert prof.offload_of(config(99)) == prof.offload_of(config(0)) == ""  # nothing offloads on this build
+    monkeypatch.setattr(library, "gpu_offload_supported", lambda: True)
+    assert prof.offload_of(config(0)) == ""
+    assert prof.offload_of(config(-1)) == "-ngl -1 -ngld 0" and prof.offload_of(config(-1, 4)) == "-ngl -1 -ngld 4"
+    base = fake_profile().model_copy(update=dict(device=prof.device_info(), target=ModelId.of(t), draft=ModelId.of(d)))
+    on_gpu = base.model_copy(update=dict(offload=prof.offload_of(config(-1))))
+    paths = {prof.save(base), prof.save(on_gpu)}
+    assert len(paths) == 2  # both kept
+    assert prof.load(t, d) == base and prof.load(t, d, "-ngl -1 -ngld 0") == on_gpu
+    assert prof.load(t, d, "-ngl -1 -ngld 4") is None  # the draft offloaded too: measured again
+    cpu = base.device
+    assert cpu.gpus == "" and cpu.model_copy(update=dict(gpus="CUDA0 (NVIDIA H200)")).key != cpu.key
+    assert cpu.model_copy(update=dict(gpus="")).key == cpu.key
+
+
 def test_auto_loads_the_draft_only_where_the_profile_says_a_draft_could_pay():
     """engine.Engine asks planning.rounds.draft_can_pay whether mode auto needs the draft model in
     memory at all: not on a compute-bound device (a verify of 4 tokens at 2.7 steps: even a draft
