@@ -10,6 +10,11 @@ budget variants (misses, backups, partial hits) go through the same verify path
 and run on the small pair only. The check that the replay reproduces whole runs
 (what keeps the tie diagnosis honest) runs here on one prompt per thread split,
 on three with `--full`, which also runs every prompt in every mode at 128 tokens.
+
+A third setting runs with a quantized KV cache (-ctk q8_0 -ctv q8_0 -fa on, at 1+1), on the two
+prompts whose answers hold near-ties at these settings; the replay builds its context with the run's
+own cache types and attention kernel, so it reproduces ar's run there too (`--full` adds q4_0 and
+every prompt).
 """
 
 from __future__ import annotations
@@ -30,35 +35,45 @@ QWEN_NAMES = ("js_fetch", "lighthouse", "chat_code", "chat_multi")
 # the tie proof is still exercised: that run's near-ties at tokens 4 (lighthouse) and 29 (chat_multi)
 # fall within them, those at 49-61 of the fibonacci answer no longer do
 QWEN = Plan(("sd", "ssd", "auto"), tuple(p for p in PROMPTS if p.name in QWEN_NAMES), 48)
-# (target, draft) threads -> the prompts run there; at the users' split (faster) the two chat-heavy ones
-# (fibonacci ran at 1+1 too until the suite neared CI's limit on a slower machine: its near-ties sat at
-# tokens 49-61, past the plan's 48, and the code prompts run at the users' split)
-THREADS = {"1+1": ((1, 1), ("lighthouse", "chat_multi")),
-           "users": (split_threads("auto", True, usable_cores()), ("js_fetch", "chat_code"))}
+# setting -> ((target, draft) threads, KV cache settings of both models, the prompts run there); at the
+# users' split (faster) the two chat-heavy ones (fibonacci ran at 1+1 too until the suite neared CI's
+# limit on a slower machine: its near-ties sat at tokens 49-61, past the plan's 48, and the code prompts
+# run at the users' split). q8_0: the two prompts where this plan's ties fall at these settings (sd and
+# ssd at lighthouse's token 14, auto at chat_multi's 22; 108 s for all four prompts here).
+F16: dict[str, str] = {}
+THREADS = {"1+1": ((1, 1), F16, ("lighthouse", "chat_multi")),
+           "users": (split_threads("auto", True, usable_cores()), F16, ("js_fetch", "chat_code")),
+           "q8_0": ((1, 1), dict(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"),
+                    ("lighthouse", "chat_multi"))}
+FULL_ONLY = {"q4_0": ((1, 1), dict(cache_type_k="q4_0", cache_type_v="q4_0", flash_attn="on"), ())}
 
 
 def pytest_generate_tests(metafunc) -> None:
     if "label" in metafunc.fixturenames:
         plan = FULL if metafunc.config.getoption("full") else QWEN
         metafunc.parametrize("label", plan.labels)
+    if "split" in metafunc.fixturenames:
+        settings = [*THREADS, *FULL_ONLY] if metafunc.config.getoption("full") else list(THREADS)
+        metafunc.parametrize("split", settings, indirect=True, scope="module")
 
 
-@pytest.fixture(scope="module", params=list(THREADS))
+@pytest.fixture(scope="module")
 def split(request) -> str:
-    return request.param
+    return request.param  # parametrized by pytest_generate_tests
 
 
 @pytest.fixture(scope="module")
 def plan(request, split) -> Plan:
     if request.config.getoption("full"):
         return FULL
-    return Plan(QWEN.labels, tuple(p for p in QWEN.prompts if p.name in THREADS[split][1]), QWEN.max_new)
+    return Plan(QWEN.labels, tuple(p for p in QWEN.prompts if p.name in THREADS[split][2]), QWEN.max_new)
 
 
 @pytest.fixture(scope="module")
 def qwen(default_pair, plan, split):
-    threads = THREADS[split][0]
-    eng = make_engine(default_pair, target=dict(threads=threads[0]), draft=dict(threads=threads[1]))
+    threads, memory, _ = {**THREADS, **FULL_ONLY}[split]
+    eng = make_engine(default_pair, target=dict(threads=threads[0], **memory),
+                      draft=dict(threads=threads[1], **memory))
     eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
     assert eng.threads == threads
     yield eng, ar_runs_for(eng, plan)
