@@ -376,7 +376,7 @@ class Engine:
             rounds.close()
         tail = text.finish()
         stats = meter.stats(seed=None if s.greedy else seed, auto=rounds.report(), draft_load_s=draft_load_s,
-                            memory=self.memory().to_dict())
+                            memory=self.memory().to_dict(), devices=self.devices())
         yield FinishEvent(text.text, tuple(out), reason or "length", stats, message, tail)
 
     def _commit(self, tokens: list[int], room: int, text: StopText) -> _Committed:
@@ -427,6 +427,15 @@ class Engine:
         return self._info
 
     n_vocab = property(lambda self: self.target.n_vocab)
+
+    def devices(self) -> dict[str, str] | None:
+        """Where each loaded model's layers run (ModelInfo.device; the target's '... via RPC' on --rpc
+        servers); None for fake models, which have no metadata."""
+        target, draft = self._info
+        if target is None:
+            return None
+        where = target.device + (" via RPC" if self.config.target.rpc and target.gpu_layers else "")
+        return {"target": where, **({"draft": draft.device} if draft is not None else {})}
 
     def memory(self) -> MemoryUse:
         """Where the memory goes now: weights, KV caches and compute buffers by model, and the rest

@@ -178,6 +178,7 @@ class Stats:
     first_round_tokens: int = 0         # tokens the first round emitted (it carries the prompt's prefill)
     draft_load_s: float | None = None   # the draft model was loaded for this generation first, in this long
     memory: Mapping[str, int] | None = None  # bytes by part at the end (memory.MemoryUse.to_dict)
+    devices: Mapping[str, str] | None = None  # role -> where its layers ran (ModelInfo.device; "... via RPC")
     # The host's share: time on the generating thread inside decodes (llama_decode; a call it waited
     # on the pre-speculation worker for counts too), the logit rows those decodes returned (decoded
     # positions: every verified and every drafted one), and the rest of the wall time per position
@@ -191,6 +192,8 @@ class Stats:
         object.__setattr__(self, "per_position_acceptance", tuple(self.per_position_acceptance))
         if self.memory is not None:
             object.__setattr__(self, "memory", _frozen(self.memory))
+        if self.devices is not None:
+            object.__setattr__(self, "devices", _frozen(self.devices))
 
     @property
     def decode_s(self) -> float:
@@ -207,7 +210,8 @@ class Stats:
         """The JSON form: one key per field, nested prespec and auto; "auto" only in mode auto."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(per_position_acceptance=list(self.per_position_acceptance), prespec=self.prespec.to_dict(),
-                   speculators=dict(self.speculators), memory=dict(self.memory) if self.memory is not None else None)
+                   speculators=dict(self.speculators), memory=dict(self.memory) if self.memory is not None else None,
+                   devices=dict(self.devices) if self.devices is not None else None)
         if self.auto is None:
             del out["auto"]
         else:

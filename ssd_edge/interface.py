@@ -35,6 +35,11 @@ class ModelInfo:
     gpu_layers: int  # layers really offloaded (0 on a CPU-only build, whatever was asked)
     kv_bytes_per_cell: int  # K+V bytes one token occupies in the KV cache (f16 cache)
 
+    @property
+    def device(self) -> str:
+        """Where its layers run: 'CPU', or 'GPU 29/29 layers' (the output layer counts as one)."""
+        return f"GPU {self.gpu_layers}/{self.n_layer + 1} layers" if self.gpu_layers else "CPU"
+
 
 
 class DecodeClock:

@@ -166,7 +166,8 @@ class Meter:
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
     def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None,
-              draft_load_s: float | None = None, memory: Mapping[str, int] | None = None) -> Stats:
+              draft_load_s: float | None = None, memory: Mapping[str, int] | None = None,
+              devices: Mapping[str, str] | None = None) -> Stats:
         """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
         greedy); auto: mode auto's report (the planner's figures and "concurrent"); draft_load_s: the
         draft model was loaded before this generation, in that many seconds."""
@@ -202,6 +203,6 @@ class Meter:
             draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
             latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
-            first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory,
+            first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,
             in_decode_s=in_decode_s, positions=positions,
             host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None)

@@ -4,6 +4,7 @@ terminal: one line after each answer, and a table for `/stats`."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Mapping
 
 from rich.table import Table
 from rich.text import Text
@@ -33,6 +34,13 @@ def ran_text(stats: Stats) -> str:
     return ", ".join(f"{mode} {n / total:.0%}" for mode, n in ran.most_common())
 
 
+def devices_text(devices: Mapping[str, str]) -> str:
+    """'on CPU' where every model runs there, else each: 'target on GPU 29/29 layers, draft on CPU'."""
+    if set(devices.values()) == {"CPU"}:
+        return "on CPU"
+    return ", ".join(f"{role} on {where}" for role, where in devices.items())
+
+
 def stats_line(stats: Stats, state: str | None = None) -> Text:
     """e.g. '64 tokens · 11.3 tok/s · first token 0.42 s · acceptance 0.78 · hit rate 0.81 healthy · mode ssd'.
 
@@ -56,6 +64,8 @@ def stats_line(stats: Stats, state: str | None = None) -> Text:
         out.append(f" · mode {stats.mode}: {ran_text(stats)}")
     else:
         out.append(f" · mode {stats.mode}" + (f" ({state})" if state and state != stats.mode else ""))
+    if stats.devices:
+        out.append(" · " + devices_text(stats.devices))
     if stats.draft_load_s is not None:  # not in the first token's time: it was loaded before the prompt
         out.append(f" · draft loaded first ({stats.draft_load_s:.1f} s)")
     return out
@@ -69,6 +79,7 @@ def stats_table(stats: Stats) -> Table:
     pre = stats.prespec
     rows = [
         ("mode", stats.mode),
+        *([("devices", devices_text(stats.devices))] if stats.devices else []),
         ("prompt tokens", str(stats.prompt_tokens)),
         ("tokens", str(stats.tokens)),
         ("rounds", str(stats.rounds)),

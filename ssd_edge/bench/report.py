@@ -221,7 +221,8 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
             "",
             *priced,
             f"- command: `{' '.join(result.command)}`",
-            f"- machine: {m.cpu}, {m.cores} cores, {m.ram_gib} GiB RAM, {m.os}; load average at start "
+            f"- machine: {m.cpu}, {m.cores} cores, {m.ram_gib} GiB RAM{', ' + m.gpus if m.gpus else ''}, {m.os}; "
+            f"load average at start "
             f"{m.load_avg_start[0]:.2f}, at end {_f(m.load_avg_end[0] if m.load_avg_end else None)}",
             f"- models: {models}",
             f"- libraries: " + ", ".join(f"{k} {v}" for k, v in result.libraries.items()),

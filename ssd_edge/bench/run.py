@@ -108,7 +108,7 @@ def machine_info(cores: int) -> MachineInfo:
     dev = device_info()
     return MachineInfo(hostname=platform.node(), os=platform.platform(), machine=dev.machine, cpu=dev.cpu,
                        cores=cores, ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
-                       python=platform.python_version(), llama_system_info=backend.system_info().strip(),
+                       python=platform.python_version(), llama_system_info=backend.system_info().strip(), gpus=dev.gpus,
                        load_avg_start=os.getloadavg())
 
 

@@ -40,6 +40,7 @@ class MachineInfo(BaseModel):
     ram_gib: float
     python: str
     llama_system_info: str
+    gpus: str = Field(default="", description="the local GPUs llama.cpp saw, as ggml names them ('' none)")
     load_avg_start: tuple[float, float, float]
     load_avg_end: tuple[float, float, float] | None = None
     priced: str | None = Field(default=None, description="the price table a priced run waited on (`--priced`): "

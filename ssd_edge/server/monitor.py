@@ -77,6 +77,9 @@ class Monitor:
                             "compute (both contexts' compute and output buffers), other (the process before "
                             "the models loaded), total (their sum), rss (resident now), on_device (of the "
                             "parts, what a GPU or RPC device holds)", ["part"], registry=r)
+        self.device = Gauge("ssd_edge_model_device", "1 for where each model's layers ran in the latest generation "
+                            "(device: CPU, 'GPU 29/29 layers', '... via RPC'), by role", ["role", "device"],
+                            registry=r)
         self._drafted = self._accepted = 0
         self._lookups = self._hits = 0
 
@@ -123,6 +126,10 @@ class Monitor:
             self.planner.labels(proposer).inc(n)
         for part, n in (st.memory or {}).items():
             self.memory.labels(part).set(n)
+        if st.devices:
+            self.device.clear()  # one series per role: where it ran last
+            for role, where in st.devices.items():
+                self.device.labels(role, where).set(1)
 
     # ------------------------------------------------------------ read by GET /metrics
     def exposition(self) -> bytes:

@@ -56,3 +56,9 @@ def test_a_generation_s_decodes_are_on_the_clock_at_their_prices():
     # as measured: each decode its price, give or take a wait's wake-up (a sleep aims early by its lateness)
     assert seconds - seconds0 == pytest.approx(price / 1e3, rel=0.05) and rows - rows0 == len(c.tokens)
     assert c.stats.wall_s > price / 1e3
+
+
+def test_the_stats_say_where_each_model_ran():
+    """Engine.devices, from each model's info: the priced pair's layers all on its (priced) GPU."""
+    c = build().complete(messages=PROMPT, max_tokens=4, mode="sd", sampling=GREEDY)
+    assert c.stats.devices == {"target": "GPU 29/29 layers", "draft": "GPU 3/3 layers"}

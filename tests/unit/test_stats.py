@@ -22,7 +22,8 @@ OLD_KEYS = {
     "target_busy_s", "draft_util", "target_util", "latency_ms_p50", "latency_ms_p95", "prespec", "speculators",
     "seed",
 }
-NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position"}  # added since; old readers ignore them
+NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position",
+            "devices"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
@@ -190,3 +191,38 @@ def test_host_time_is_the_wall_outside_this_threads_decodes_per_row():
     assert stats.host_ms_per_position == pytest.approx((stats.wall_s - 0.010) / 4 * 1e3)
     assert stats.host_ms_per_position > (0.03 - 0.010) / 4 * 1e3 * 0.9
     assert Meter("ar", None).stats().host_ms_per_position is None  # no decode, no figure
+
+
+def test_devices_are_in_the_stats_the_line_the_table_and_the_metrics():
+    """Where each model ran (Engine.devices, from ModelInfo.device): in Stats and its JSON, the stats
+    line (one 'on CPU' where both run there), the stats table, and /metrics' ssd_edge_model_device."""
+    from ssd_edge.interface import ModelInfo
+    from ssd_edge.server.monitor import Monitor
+    from ssd_edge.stats_text import stats_table
+
+    def info(gpu_layers: int) -> ModelInfo:
+        return ModelInfo(path="/m.gguf", description="1B Q4_0", n_params=1, size_bytes=1, n_vocab=1, n_layer=28,
+                         n_ctx_train=1, gpu_layers=gpu_layers, kv_bytes_per_cell=1)
+
+    assert info(0).device == "CPU" and info(29).device == "GPU 29/29 layers" and info(10).device == "GPU 10/29 layers"
+    on_cpu = ssd_meter().stats(devices={"target": "CPU", "draft": "CPU"})
+    assert on_cpu.to_dict()["devices"] == {"target": "CPU", "draft": "CPU"}
+    assert " · on CPU" in stats_line(on_cpu).plain
+    split = ssd_meter().stats(devices={"target": info(29).device, "draft": "CPU"})
+    assert " · target on GPU 29/29 layers, draft on CPU" in stats_line(split).plain
+    assert ssd_meter().stats().devices is None and " on CPU" not in stats_line(ssd_meter().stats()).plain
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(stats_table(split))
+    assert "target on GPU 29/29 layers, draft on CPU" in console.export_text()
+    from ssd_edge.events import FinishEvent
+
+    mon = Monitor()
+    mon.finish(FinishEvent("", (1,), "length", split), prompt_tokens=3)
+    text = mon.exposition().decode()
+    assert 'ssd_edge_model_device{device="GPU 29/29 layers",role="target"} 1.0' in text
+    assert 'ssd_edge_model_device{device="CPU",role="draft"} 1.0' in text
+    mon.finish(FinishEvent("", (1,), "length", on_cpu), prompt_tokens=3)  # the target moved: one series a role
+    text = mon.exposition().decode()
+    assert 'device="GPU 29/29 layers"' not in text and 'ssd_edge_model_device{device="CPU",role="target"} 1.0' in text

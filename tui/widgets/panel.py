@@ -104,9 +104,7 @@ def describe_model(info: ModelInfo, threads: int) -> str:
     (llama.cpp's description starts with a size class that can mislead: it calls a 0.5B model '1B'.)"""
     parts = info.description.split(" ", 2)
     quant = parts[2] if len(parts) == 3 else info.description
-    gpu = getattr(info, "gpu_layers", 0)
-    where = f"GPU {gpu}/{info.n_layer + 1} layers" if gpu else "CPU"
-    return f"{quant} · {info.size_bytes / 1e9:.2f} GB · {where} · {threads} thr"
+    return f"{quant} · {info.size_bytes / 1e9:.2f} GB · {info.device} · {threads} thr"
 
 
 def _rows(static: Static, text: Text, width: int) -> int:
