@@ -81,6 +81,11 @@ def uniforms(seed, position, ids) -> np.ndarray:
     return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 
 
+def gumbels(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """G(seed, position, id) for each id: the standard Gumbel noise a coupled draw at `position` adds."""
+    return -np.log(-np.log(uniforms(seed, position, ids)))
+
+
 def gumbel_draw(ids: np.ndarray, p: np.ndarray, seed: int, position: int) -> int:
     """Draw from a distribution on its support (ids ascending, p > 0) with the noise of (seed,
     position): argmax log p + G, over those ids alone (the rest have log p = -inf). In C where the
@@ -90,8 +95,7 @@ def gumbel_draw(ids: np.ndarray, p: np.ndarray, seed: int, position: int) -> int
     if (compiled_gumbel is not None and ids.dtype == np.int64 and p.dtype == np.float64 and ids.flags.c_contiguous
             and p.flags.c_contiguous and len(ids) == len(p)):
         return compiled_gumbel(ids, p, int(seed) % (1 << 64), int(position) % (1 << 64))
-    g = -np.log(-np.log(uniforms(seed, position, ids)))
-    return int(ids[np.argmax(np.log(p) + g)])
+    return int(ids[np.argmax(np.log(p) + gumbels(seed, position, ids))])
 
 
 def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, Sequence
+from typing import Literal, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -443,11 +443,13 @@ class Planner:
 
     # ------------------------------------------------------------ observations
     def observe(self, kind: Kind, drafted: int, accepted: int, verify_ms: float,
-                committed_top1: Sequence[float] = (), busy: bool = False) -> None:
+                committed_top1: Sequence[float] | Mapping[int, float] = (), busy: bool = False) -> None:
         """A verified round: what was proposed, how much was accepted, the target's decode time
-        (busy: with the worker drafting beside it), and the target's top-1 probability at each
-        committed position (accepted drafts, then its own) where wants_confidence."""
-        for p in committed_top1:
+        (busy: with the worker drafting beside it), and the target's top-1 probability at the
+        committed positions (accepted drafts, then its own) where wants_confidence: at each (a
+        sequence), or at some of them (index -> probability: Rounds reads the first and the last)."""
+        top1 = committed_top1 if isinstance(committed_top1, Mapping) else dict(enumerate(committed_top1))
+        for p in top1.values():
             self.confidence.add(p)
         if self.prefilled:  # the prompt's round: its time says nothing of a step (its acceptance does)
             self.rounds_resting = 0 if busy else self.rounds_resting + 1
@@ -459,9 +461,10 @@ class Planner:
             for i in range(min(drafted, len(self.draft_alpha), accepted + 1)):
                 self.draft_alpha[i].add(1.0 if i < accepted else 0.0)  # position i was reached; accepted?
                 self.draft_reached[i] = self.draft_rounds
-            reached = list(committed_top1[:min(drafted, accepted + 1)])
-            if reached:
-                self.calibration.add(accepted, sum(reached))
+            n_reached = min(drafted, accepted + 1)
+            reached = [p for i, p in top1.items() if i < n_reached]
+            if reached:  # the confidence summed over the reached positions (estimated from those read)
+                self.calibration.add(accepted, n_reached * sum(reached) / len(reached))
             if kind == "draft" and self._p_tops:  # each token reached: accepted, against its probability
                 for i, p_top in enumerate(self._p_tops[:min(drafted, accepted + 1)]):
                     self.draft_sureness.add(1.0 if i < accepted else 0.0, p_top)

@@ -43,6 +43,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from ..config import PrespecConfig
+from ..coupling import gumbels
 from ..interface import DECODES, Aborted
 from ..llama.kvseq import Cancelled, common_prefix
 from ..metrics import Meter
@@ -60,7 +61,8 @@ class Outcome(NamedTuple):
 
 
 def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: np.ndarray, *, fanout: int,
-                  min_confidence: float, budget_cells: int, cells_per_branch: int) -> list[Outcome]:
+                  min_confidence: float, budget_cells: int, cells_per_branch: int,
+                  coupled: tuple[int, int] | None = None) -> list[Outcome]:
     """The outcomes worth preparing, likeliest first.
 
     P(a, b) = P(a) * P(b | a), where P(a) comes from acceptance history and
@@ -68,6 +70,12 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
     drafted token is excluded and the rest renormalised (the target's residual
     has no mass on it); for a == k, the draft's distribution after d[k-1].
     Kept while score >= min_confidence, at most `fanout`, within the cell budget.
+
+    coupled (seed, position of cands[0]), when sampling: the target's token at a position is its
+    coupled draw there, argmax log p + G(seed, position) (coupling.py). The draft's own coupled order,
+    log q + G with the same noise, predicts it better than q's order does (where q = p the two draws
+    are equal), so the candidates are ranked in that order, the likeliest of q's probabilities going
+    to its first. (Which outcome is prepared never touches losslessness: a branch is only a proposal.)
     """
     k = len(draft)
     scored: list[Outcome] = []
@@ -77,6 +85,12 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
             is_drafted = ids == draft[a]
             rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
             ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
+        if coupled is not None and len(ids) > 1:
+            seed, first = coupled
+            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + gumbels(seed, first + a, ids)), kind="stable")
+            ranked = np.empty_like(pr)
+            ranked[order] = -np.sort(-pr)
+            pr = ranked
         scored.extend(Outcome(a, int(t), float(p_accept[a] * pb)) for t, pb in zip(ids, pr))
     scored.sort(key=lambda o: -o.score)
     plan: list[Outcome] = []
@@ -367,7 +381,8 @@ class PrespecWorker:
         cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
         plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
-                             cells_per_branch=depth)
+                             cells_per_branch=depth,
+                             coupled=None if self.drafter.sampling.greedy else (self.drafter.seed, len(history)))
         self._planned = {(o.a, o.b) for o in plan}
         if not plan:
             return

@@ -38,6 +38,32 @@ def test_rank_excludes_the_rejected_draft_token_and_orders_by_probability():
     assert by_key[(1, 9)] == pytest.approx(0.2 * 0.6)
 
 
+def test_sampled_ranking_puts_the_draft_s_coupled_draw_first_and_it_predicts_the_target_s_draw():
+    """Sampling: the target's bonus token is its coupled draw (argmax log p + G(seed, position)). Ranked
+    by the draft's own coupled order, the first outcome is the draft's draw with that noise, which is the
+    target's wherever the two distributions agree, so it is right far more often than q's mode (right
+    only as often as the mode is drawn). The probabilities stay q's, reassigned to that order."""
+    from ssd_edge.coupling import gumbel_draw
+
+    rng = np.random.default_rng(0)
+    mode_right = coupled_right = 0
+    n = 400
+    for pos in range(n):
+        ids = np.arange(100, 108)
+        p = rng.dirichlet(np.full(8, 0.7))  # the target's distribution over 8 candidates
+        q = 0.9 * p + 0.1 * rng.dirichlet(np.full(8, 0.7))  # a draft close to it
+        order = np.argsort(-q, kind="stable")
+        c = [Candidates(ids[order], q[order])]
+        target_draw = gumbel_draw(ids, p, 7, pos)
+        plan = rank_outcomes([], c, np.array([1.0]), fanout=8, min_confidence=0.0, budget_cells=100,
+                             cells_per_branch=1, coupled=(7, pos))
+        assert plan[0].b == gumbel_draw(ids, q, 7, pos)  # the draft's own coupled draw leads
+        assert sorted(o.score for o in plan) == pytest.approx(sorted(q))  # q's probabilities, reordered
+        coupled_right += plan[0].b == target_draw
+        mode_right += int(ids[order[0]]) == target_draw
+    assert coupled_right > 0.85 * n and coupled_right > mode_right + 0.2 * n, (coupled_right, mode_right)
+
+
 @pytest.mark.parametrize("budget,fanout,floor,expected", [
     (100, 2, 0.0, 2),   # the window caps it
     (5, 10, 0.0, 2),    # 5 cells / 2 per branch -> 2 branches
