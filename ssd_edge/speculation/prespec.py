@@ -420,8 +420,9 @@ class PrespecWorker:
                 return True
             if self._stop_reading():
                 return False
+            # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
             rows = self.ctx.decode([br.feed for br in live], [br.pos for br in live], [br.seq for br in live],
-                                   list(range(len(live))))
+                                   list(range(len(live))), copy=False)
             for br, row in zip(live, rows):
                 br.pos += 1
                 br.cells += 1
