@@ -13,8 +13,8 @@ on three with `--full`, which also runs every prompt in every mode at 128 tokens
 
 A third setting runs with a quantized KV cache (-ctk q8_0 -ctv q8_0 -fa on, at 1+1), on the two
 prompts whose answers hold near-ties at these settings; the replay builds its context with the run's
-own cache types and attention kernel, so it reproduces ar's run there too (`--full` adds q4_0 and
-every prompt).
+own cache types and attention kernel, so it reproduces ar's run there too (`--full`: every prompt at
+q8_0 too; scripts/lossless_kv.py runs any cache type, q4_0 included, over every prompt).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ THREADS = {"1+1": ((1, 1), F16, ("lighthouse", "chat_multi")),
            "users": (split_threads("auto", True, usable_cores()), F16, ("js_fetch", "chat_code")),
            "q8_0": ((1, 1), dict(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"),
                     ("lighthouse", "chat_multi"))}
-FULL_ONLY = {"q4_0": ((1, 1), dict(cache_type_k="q4_0", cache_type_v="q4_0", flash_attn="on"), ())}
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -53,8 +52,7 @@ def pytest_generate_tests(metafunc) -> None:
         plan = FULL if metafunc.config.getoption("full") else QWEN
         metafunc.parametrize("label", plan.labels)
     if "split" in metafunc.fixturenames:
-        settings = [*THREADS, *FULL_ONLY] if metafunc.config.getoption("full") else list(THREADS)
-        metafunc.parametrize("split", settings, indirect=True, scope="module")
+        metafunc.parametrize("split", list(THREADS), indirect=True, scope="module")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +69,7 @@ def plan(request, split) -> Plan:
 
 @pytest.fixture(scope="module")
 def qwen(default_pair, plan, split):
-    threads, memory, _ = {**THREADS, **FULL_ONLY}[split]
+    threads, memory, _ = THREADS[split]
     eng = make_engine(default_pair, target=dict(threads=threads[0], **memory),
                       draft=dict(threads=threads[1], **memory))
     eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
