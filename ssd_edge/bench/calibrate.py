@@ -311,12 +311,12 @@ def main(model: str | None = None, model_draft: str | None = None, models_dir: s
          n_gpu_layers_draft: int | None = None) -> int:
     """`ssd-edge calibrate`: measure the pair and save its profile (or, with show, print the saved one), at
     the GPU offload generate would use (-ngl: the whole target where a local GPU is; -ngld: 0)."""
-    from ..settings import target_gpu_layers
     from rich.console import Console
 
     from ..models import vocab
     from ..models.catalog import resolve_model
     from ..progress import Progress as Report
+    from ..settings import target_gpu_layers
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     out = Console()

@@ -177,7 +177,7 @@ def top1(rows: np.ndarray, s: SamplingConfig) -> dict[int, float]:
     cold from a GPU's step, most of a round's host time at 8 rows; the planner's confidence is an average
     and its calibration a ratio, which a sample of each round's rows estimates as well."""
     t = s.temperature if s.temperature > 0 else 1.0
-    return {i: float(head_probs(rows[i], t).p[0]) for i in sorted({0, len(rows) - 1}) if len(rows)}
+    return {i: float(head_probs(rows[i], t).p[0]) for i in sorted({0, len(rows) - 1})} if len(rows) else {}
 
 
 def offloaded(cfg: EngineConfig) -> bool:
