@@ -63,7 +63,7 @@ class Support(NamedTuple):
 def top_ids(x: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k largest of x, ties at the boundary to the lower ids: those above the k-th
     largest value in ascending order, then those equal to it. One pass over the row, in C where the
-    extension is built (ssd_edge/native.c: a running threshold, 16 values tested at a time), else in
+    extension is built (ssd_edge/native.c: a running threshold, 32 values tested at a time), else in
     numpy: a threshold from a strided sample (about 2,000 values, set so that a few hundred of the row
     pass it), the ids at or above it (a compare and flatnonzero), then a partition of those few. Never a
     sort, a partition or a copy of the whole row, unless the sample missed the head (one full partition)."""

@@ -252,9 +252,34 @@ def test_top_ids_is_the_k_largest_with_ties_to_the_lower_ids(compiled, monkeypat
         pytest.skip("the compiled pass is not built here")
     if not compiled:
         monkeypatch.setattr(sampling, "compiled_top_ids", None)
-    for x in _rows_with_ties_and_masks():
-        for k in (1, 2, 40, min(100, len(x) - 1)):
-            assert sampling.top_ids(x, k).tolist() == _top_k_reference(x, k), (len(x), k)
+    for width in _scan_widths() if compiled else [None]:
+        before = _set_scan_width(width)
+        try:
+            for x in _rows_with_ties_and_masks():
+                for k in (1, 2, 40, min(100, len(x) - 1)):
+                    assert sampling.top_ids(x, k).tolist() == _top_k_reference(x, k), (width, len(x), k)
+        finally:
+            _set_scan_width(before)
+
+
+def _scan_widths() -> list[int]:
+    """The widths the compiled pass runs at on this CPU: 4, and 8 where it has AVX (native.scan_width)."""
+    from ssd_edge import native
+
+    before = native.scan_width()
+    try:
+        native.scan_width(8)
+    except ValueError as e:
+        assert "AVX" in str(e) or "8-wide" in str(e)
+        return [4]
+    native.scan_width(before)
+    return [4, 8]
+
+
+def _set_scan_width(width: int | None) -> int | None:
+    from ssd_edge import native
+
+    return native.scan_width(width) if width is not None else None
 
 
 def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
