@@ -95,6 +95,8 @@ def tolerance(engine) -> Tolerance:
         return Tolerance(1.5 * shift, 1.5 * shift)
     t = engine.config.target
     return max((TOLERANCES[t.cache_type_k], TOLERANCES[t.cache_type_v]), key=lambda tol: tol.row)
+
+
 MAX_TIES_PER_PROMPT = 8
 # Ties per compared token, per mode. Measured: ~0.005 over --full's prompts; on the default plan at 1+1
 # (3 prompts, 166 compared tokens) CI saw sd 3, ssd 3, auto 4 ties (2.4%, which failed the old bound
@@ -163,12 +165,12 @@ class Run:
         the sampling's candidates), the logit scale: 1, or 1 / T)."""
         if self.sampling is None or self.sampling.greedy:
             return (float(row[tokens[0]]), float(row[tokens[1]])), 1.0
-        from ssd_edge.coupling import uniforms
+        from ssd_edge.coupling import gumbels
         from ssd_edge.sampling import support
 
         s = self.sampling
         ids = set(support(row, s).ids.tolist())
-        g = -np.log(-np.log(uniforms(s.seed, len(self.prompt) + i, np.asarray(tokens, dtype=np.int64))))
+        g = gumbels(s.seed, len(self.prompt) + i, np.asarray(tokens, dtype=np.int64))
         return tuple(float(row[t]) / s.temperature + float(g[j]) if t in ids else -np.inf
                      for j, t in enumerate(tokens)), 1.0 / s.temperature
 
@@ -367,7 +369,8 @@ def ar_runs_for(engine, plan: Plan) -> dict[str, Run]:
 
 
 def check_replay_reproduces(engine, run: Run) -> dict[int, np.ndarray]:
-    """The replay must give, at every position, a row whose argmax is the run's token; returns the rows."""
+    """The replay must give, at every position, a row whose pick (Run.pick: the argmax, or the coupled
+    draw) is the run's token; returns the rows."""
     rows = replay(engine, run, list(range(len(run.out))))
     assert len(rows) == len(run.out)
     bad = [i for i in range(len(run.out)) if run.pick(i, rows[i]) != run.out[i]]
