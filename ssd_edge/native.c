@@ -253,6 +253,20 @@ static Py_ssize_t row_length(Py_buffer *buf, Py_ssize_t k, double temperature) {
     return n;
 }
 
+static double max_of(const double *z, Py_ssize_t m) {
+    double zmax = z[0];
+    for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
+    return zmax;
+}
+
+/* p = exp(z - max z) / their sum, in numpy's order of operations (sampling.py's softmax) */
+static void softmax(const double *z, double *p, Py_ssize_t m) {
+    const double zmax = max_of(z, m);
+    for (Py_ssize_t j = 0; j < m; j++) p[j] = exp(z[j] - zmax);
+    const double total = np_sum(p, m);
+    for (Py_ssize_t j = 0; j < m; j++) p[j] /= total;
+}
+
 /* What support() and head() hand back: (ids, p) as bytes where ok is 1, None where the numpy path must
  * decide (0), a MemoryError (-1). */
 static PyObject *ids_and_probs(int ok, const int64_t *idx, const double *p, Py_ssize_t m) {
@@ -290,12 +304,8 @@ static PyObject *support(PyObject *self, PyObject *args) {
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < m; j++) z[j] = (double)x[idx[j]];
         if (top_p < 1.0) {  /* the smallest descending prefix whose mass (at temperature 1) reaches top_p */
-            double zmax = z[0];
-            for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
-            for (Py_ssize_t j = 0; j < m; j++) p[j] = exp(z[j] - zmax);
-            double total = np_sum(p, m);
+            softmax(z, p, m);
             for (Py_ssize_t j = 0; j < m; j++) {
-                p[j] /= total;
                 rank[j].p = p[j];
                 rank[j].j = j;
             }
@@ -328,9 +338,7 @@ static PyObject *support(PyObject *self, PyObject *args) {
         }
     }
     if (ok == 1 && min_p > 0.0) {  /* logit >= max logit + log(min_p) */
-        double zmax = z[0];
-        for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
-        const double floor_ = zmax + log(min_p);
+        const double floor_ = max_of(z, m) + log(min_p);
         Py_ssize_t w = 0;
         for (Py_ssize_t j = 0; j < m; j++)
             if (z[j] >= floor_) {
@@ -342,12 +350,8 @@ static PyObject *support(PyObject *self, PyObject *args) {
     }
     if (ok == 1) {  /* softmax at the temperature, then ids ascending, then what underflowed dropped */
         for (Py_ssize_t j = 0; j < m; j++) z[j] = z[j] / temperature;
-        double zmax = z[0];
-        for (Py_ssize_t j = 1; j < m; j++) if (z[j] > zmax) zmax = z[j];
-        for (Py_ssize_t j = 0; j < m; j++) p[j] = exp(z[j] - zmax);
-        double total = np_sum(p, m);
+        softmax(z, p, m);
         for (Py_ssize_t j = 0; j < m; j++) {
-            p[j] /= total;
             pair[2 * j] = idx[j];
             memcpy(&pair[2 * j + 1], &p[j], sizeof(double));
         }
