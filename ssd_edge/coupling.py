@@ -81,8 +81,9 @@ def uniforms(seed, position, ids) -> np.ndarray:
     return ((h >> _S11).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 
 
-def gumbels(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
-    """G(seed, position, id) for each id: the standard Gumbel noise a coupled draw at `position` adds."""
+def gumbels(seed: int, position, ids: np.ndarray) -> np.ndarray:
+    """G(seed, position, id) for each id: the standard Gumbel noise a coupled draw at `position` adds
+    (positions and ids broadcast together, as in uniforms)."""
     return -np.log(-np.log(uniforms(seed, position, ids)))
 
 

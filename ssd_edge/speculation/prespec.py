@@ -78,16 +78,25 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
     to its first. (Which outcome is prepared never touches losslessness: a branch is only a proposal.)
     """
     k = len(draft)
+    n = min(k + 1, len(cands))
     scored: list[Outcome] = []
-    for a in range(min(k + 1, len(cands))):
+    noise = None
+    if coupled is not None and n:  # every position's noise in one call (a call each cost 15 us)
+        seed, first = coupled
+        grid = np.zeros((n, max(len(c.ids) for c in cands[:n])), np.int64)
+        for a in range(n):
+            grid[a, :len(cands[a].ids)] = cands[a].ids
+        noise = gumbels(seed, first + np.arange(n)[:, None], grid)
+    for a in range(n):
         ids, pr = cands[a].ids, cands[a].probs
+        g = noise[a, :len(ids)] if noise is not None else None
         if a < k:
             is_drafted = ids == draft[a]
             rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
             ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
-        if coupled is not None and len(ids) > 1:
-            seed, first = coupled
-            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + gumbels(seed, first + a, ids)), kind="stable")
+            g = g[~is_drafted] if g is not None else None
+        if g is not None and len(ids) > 1:
+            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + g), kind="stable")
             ranked = np.empty_like(pr)
             ranked[order] = -np.sort(-pr)
             pr = ranked
