@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from ssd_edge.errors import ConfigError
+from ssd_edge.errors import ConfigError, ContextFullError
 from ssd_edge.interface import DECODES, Aborted, AbortSignal, BackendContext, BackendModel
 from ssd_edge.priced import Priced, PricedContext, PricedModel, TABLES
 from ssd_edge.priced.backend import EOG, N_VOCAB, PEAK, TIE_GAP, WORD0, choices
@@ -188,6 +188,65 @@ def test_branches_share_cells_in_the_unified_cache():
     assert len(ctx.cells) == 6 and ctx.cells_outside(0) == 0  # the branches' own cells freed
     with pytest.raises(AssertionError, match="out of range"):
         ctx.decode([1], [6], [3], [0])
+
+
+def test_the_cell_table_keeps_what_a_cell_by_cell_model_of_the_cache_keeps():
+    """cells.CellCache's arrays against the plainest model of llama.cpp's unified cache (a set of cells,
+    each a position, a token and the sequences holding it), over random stores, copies and removals,
+    aborted batches and clears: the same tokens per sequence, last positions, cells in use."""
+    from ssd_edge.priced.cells import CellCache
+
+    rng = random.Random(11)
+    n_ctx, n_seq = 48, 4
+    cache, model = CellCache(n_ctx, n_seq), []  # model: [pos, token, {seqs}] per cell in use
+
+    def held(seq):
+        return {c[0]: c[1] for c in model if seq in c[2]}
+
+    for step in range(3000):
+        seq = rng.randrange(n_seq)
+        top = max(held(seq), default=-1)
+        op = rng.random()
+        if op < 0.45:  # a batch on one or two sequences, each from its last position + 1
+            seqs = rng.sample(range(n_seq), rng.choice((1, 2)))
+            batch = [(top2 + 1 + i, rng.randrange(1000), s) for s in seqs
+                     for top2 in [max(held(s), default=-1)] for i in range(rng.randrange(1, 4))]
+            if len(model) + len(batch) > n_ctx or max(p for p, _, _ in batch) >= n_ctx:
+                with pytest.raises(ContextFullError):
+                    cache.store([t for _, t, _ in batch], [p for p, _, _ in batch], [s for _, _, s in batch])
+                continue
+            cells = cache.store([t for _, t, _ in batch], [p for p, _, _ in batch], [s for _, _, s in batch])
+            if rng.random() < 0.2:
+                cache.unstore(cells)  # an aborted decode
+            else:
+                model += [[p, t, {s}] for p, t, s in batch]
+        elif op < 0.7:
+            dst = rng.randrange(n_seq)
+            p0, p1 = rng.randrange(0, 8), rng.choice((-1, rng.randrange(0, n_ctx)))
+            span = [c for c in model if seq in c[2] and c[0] >= p0 and (p1 < 0 or c[0] < p1)]
+            theirs = held(dst)
+            if dst == seq or all(c[0] not in theirs for c in span):
+                cache.seq_cp(seq, dst, p0, p1)
+                for c in span:
+                    c[2].add(dst)
+        elif op < 0.98:
+            p0, p1 = rng.randrange(0, max(top, 0) + 2), rng.choice((-1, rng.randrange(0, n_ctx)))
+            cache.seq_rm(seq, p0, p1)
+            for c in model:
+                if seq in c[2] and c[0] >= p0 and (p1 < 0 or c[0] < p1):
+                    c[2].discard(seq)
+            model = [c for c in model if c[2]]
+        else:
+            cache.clear()
+            model = []
+        for s in range(n_seq):
+            mine = held(s)
+            assert cache.seq_pos_max(s) == max(mine, default=-1), step
+            if mine and sorted(mine) == list(range(len(mine))):
+                assert cache.seq_tokens(s) == [mine[p] for p in range(len(mine))], step
+            assert cache.cells_outside(s) == sum(1 for c in model if s not in c[2]), step
+        assert sorted((c.pos, c.token, tuple(sorted(c.seqs))) for c in cache.cells) == \
+            sorted((c[0], c[1], tuple(sorted(c[2]))) for c in model), step
 
 
 def test_an_abort_cuts_the_wait_short_and_leaves_the_cache_as_it_was():
