@@ -158,8 +158,12 @@ class ModelDrafter:
         # single draft steps after that, their ms); for the round planner's draft costs
         self.timing: tuple[int, float, int, float] | None = None
 
-    def pick(self, logits: np.ndarray, position: int) -> int:
-        """The draft token for sequence position `position`, from one logit row."""
+    def pick(self, logits: np.ndarray, position: int, cand: Candidates | None = None) -> int:
+        """The draft token for sequence position `position`, from one logit row. `cand`: the row's top
+        candidates, when read already; greedy, its first is the argmax (ties to the lower id, as
+        numpy's argmax), so the row is not read again."""
+        if cand is not None and self.sampling.greedy:
+            return int(cand.ids[0])
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return int(np.argmax(logits)) if q is None else gumbel_draw(*q, self.seed, position)
 
@@ -215,7 +219,7 @@ class ModelDrafter:
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
             j = len(toks) - first  # this token's index among the ones drawn in this call
-            t = self.pick(row, base + j)
+            t = self.pick(row, base + j, cand)
             toks.append(t)
             if cand is not None:
                 cands.append(cand)

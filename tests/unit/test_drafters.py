@@ -8,7 +8,8 @@ import pytest
 
 from ssd_edge.config import SamplingConfig
 from ssd_edge.sampling import HEAD, probs
-from ssd_edge.speculation.drafters import EMPTY, NgramDrafter, draft_probs, top_candidates, top_probability
+from ssd_edge.speculation.drafters import (EMPTY, ModelDrafter, NgramDrafter, draft_probs, top_candidates,
+                                          top_probability)
 
 # ---------------------------------------------------------------- n-gram lookup
 
@@ -110,6 +111,25 @@ def test_top_candidates_sorted_with_the_heads_softmax_probabilities():
         np.testing.assert_allclose(c.probs, p[:8] / p.sum(), rtol=1e-9)
     small = np.array([3.0, 1.0, 2.0], dtype=np.float32)  # fewer tokens than the head: all of them
     np.testing.assert_allclose(top_candidates(small, 1.0, m=8).probs, np.exp([3.0, 2.0, 1.0]) / np.exp([3.0, 2.0, 1.0]).sum())
+
+
+def test_a_greedy_pick_from_the_rows_candidates_is_the_argmax_ties_to_the_lower_id():
+    """ModelDrafter.pick(row, pos, cand) takes a greedy token from candidates already read instead of
+    reading the row again: the same token as numpy's argmax, ties included; sampled, it draws from the
+    row as without them."""
+    from ssd_edge.llama.kvseq import KVSeq
+    from fakes import FakeContext, FakeModel
+    kv = KVSeq(FakeContext(FakeModel("draft")))
+    rng = np.random.default_rng(7)
+    greedy = ModelDrafter(kv, SamplingConfig(temperature=0.0), seed=3)
+    sampled = ModelDrafter(kv, SamplingConfig(temperature=0.9), seed=3)
+    for n in (64, 151_936):
+        for _ in range(20):
+            row = rng.normal(0, 2, n).astype(np.float32)
+            row[rng.integers(0, n, 3)] = row.max()  # a three-way tie for the argmax
+            cand = top_candidates(row, 1.0)
+            assert greedy.pick(row, 9, cand) == greedy.pick(row, 9) == int(np.argmax(row))
+            assert sampled.pick(row, 9, top_candidates(row, 0.9)) == sampled.pick(row, 9)
 
 
 def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
