@@ -99,7 +99,9 @@ class Rounds:
         hit = status in ("hit", "partial")
         ngram = self.planner.ask_ngram(history) if "ngram" in self.planner.menu.kinds else EMPTY
         offered_ngram = ngram if self.mode != "ssd" or (self.policy is not None and self.policy.backup_ready) else EMPTY
-        kv = self.drafter.kv if self.drafter is not None else None
+        # what the draft has not read of the history (it drafts after reading it); after a hit the
+        # branch holds it all, and the worker may be making the branch its main sequence right now
+        kv = self.drafter.kv if self.drafter is not None and not hit else None
         unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
         d = self.decision = self.planner.plan(Offer(
             room, remaining, ngram=len(offered_ngram), draft=self.drafter is not None, draft_unread=unread,

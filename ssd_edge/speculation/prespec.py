@@ -11,7 +11,9 @@ own sequence ("branch") of one unified-KV draft context:
     branch s :  C + d[0..a-1] | b  e1 .. e_{k-1}       (shares C + d[:a] with main)
 
 When the outcome arrives, the SpeculationCache answers in O(1):
-    hit     : branch (a, b) is fully drafted -> handed to the target at once;
+    hit     : branch (a, b) is fully drafted -> handed to the target at once; the engine reads it
+              without waiting for the worker (the branches it publishes as they finish), and the
+              worker makes it the main sequence after the decode it has in flight;
     partial : branch (a, b) was still growing -> its prefix is handed over; the engine's
               planner decides whether the worker drafts the rest (extend);
     miss    : no branch -> all branches dropped; the engine drafts just in time or
@@ -179,20 +181,27 @@ def _outcome(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, in
 
 class PrespecWorker:
     """The draft side of SSD, on its own thread. The engine calls lookup() /
-    extend() / draft_now() (blocking; answered between two draft decodes) and
-    verifying() (returns at once; starts pre-speculation). It prepares what the
-    policy's window and budget allow and never decides how much a round verifies:
-    that is the engine's planner.
+    extend() / draft_now() (blocking; answered between two draft decodes, except a
+    lookup that finds a finished branch: answered at once) and verifying() (returns
+    at once; starts pre-speculation). It prepares what the policy's window and
+    budget allow and never decides how much a round verifies: that is the engine's
+    planner.
 
     Between the two threads only the queues carry values: the engine's calls and
     their answers, and with verifying() a PolicySnapshot (the policy itself is the
-    engine thread's). The one exception is _preempt(), on the engine thread: it
-    reads three attributes the worker sets before each wave (base, _abortable,
-    _growing_first) to decide whether to set the draft context's abort flag. The drafter, its KVSeq and the draft context are the worker's;
-    the engine reads drafter.kv only while the worker waits for a call (after an
-    answer, before the next verifying()), and drafter.timing, which only a call
-    (extend) writes, after that call's answer. The worker writes the Meter
-    only through meter.branches and drafter.busy, both locked."""
+    engine thread's). Two exceptions, both read on the engine thread:
+    - _preempt() reads three attributes the worker sets before each wave (base,
+      _abortable, _growing_first) to decide whether to set the draft context's
+      abort flag;
+    - lookup() reads _ready, the round's finished branches, which the worker
+      publishes as one new tuple after each wave; a branch in it is never written
+      again, so the engine may hand its tokens over while the worker decodes.
+    The drafter, its KVSeq and the draft context are the worker's; the engine
+    reads drafter.kv only while the worker waits for a call (after an answer,
+    before the next verifying(); never after a hit, whose adopt may be under way),
+    and drafter.timing, which only a call (extend) writes, after that call's
+    answer. The worker writes the Meter only through meter.branches and
+    drafter.busy, both locked."""
 
     def __init__(self, drafter: ModelDrafter, cfg: PrespecConfig, meter: Meter, n_seq: int,
                  cancelled: Callable[[], bool] | None = None) -> None:
@@ -206,6 +215,10 @@ class PrespecWorker:
         self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
         self.base: tuple[list[int], Draft] | None = None
         self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
+        # the finished branches of the round being verified, published by the worker as they finish:
+        # (round, base, {(a, b): branch}); the engine hands one over without a call (lookup())
+        self._ready: tuple[int, tuple[list[int], Draft], dict[tuple[int, int], Branch]] | None = None
+        self._round = 0  # the engine's count of verifying() calls (the round a publication belongs to)
         self.error: BaseException | None = None
         self._abortable = False  # True while growing branches (a decode the engine may abort)
         # the outcome (a, b) of the likeliest branch while it grows alone: the engine lets a decode
@@ -218,6 +231,19 @@ class PrespecWorker:
 
     # ------------------------------------------------------------ engine side
     def lookup(self, history: list[int], k: int) -> LookupResult:
+        """What the worker prepared for the outcome that took the verified round to `history`. A
+        finished branch for it is handed over at once, without waiting for the worker's decode in
+        flight: the worker makes it the main sequence when that decode ends (adopt, queued before any
+        later call). Anything else is the worker's to answer, between two of its decodes."""
+        ready = self._ready  # one read: the worker replaces the tuple, never changes one
+        if ready is not None and ready[0] == self._round:
+            _, base, done = ready
+            outcome = _outcome(base, history)
+            br = done.get(outcome) if outcome is not None else None
+            if br is not None:
+                self._ready = None
+                self._inbox.put(("adopt", (list(history), k, br)))
+                return LookupResult("hit", br.draft(k), True)
         return self._call("lookup", history, k)
 
     def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
@@ -244,7 +270,8 @@ class PrespecWorker:
     def verifying(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
         bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
-        self._inbox.put(("verifying", (list(history), draft, policy)))
+        self._round += 1
+        self._inbox.put(("verifying", (self._round, list(history), draft, policy)))
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
@@ -274,12 +301,15 @@ class PrespecWorker:
                 if kind == "verifying":
                     self._prespec(*args)
                     continue
+                if kind == "adopt":
+                    self._adopt(*args)
+                    continue
                 if self.error is not None:
                     raise self.error
                 result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
                 self._outbox.put(("ok", result, _since(decoded)))
             except BaseException as e:  # handed to the engine thread, raised there
-                if kind == "verifying":
+                if kind in ("verifying", "adopt"):  # nobody waits for these: the next call raises it
                     self.error = e
                 else:
                     self._outbox.put(("err", e, _since(decoded)))
@@ -311,15 +341,24 @@ class PrespecWorker:
             self.meter.branches.add_miss(self._why_missed(outcome))
             self._drop_branches()
             return LookupResult("miss", None)
-        # The branch becomes the main sequence; every other sequence goes.
+        self._take(history, k, br)
+        finished = br.done or len(br.tokens) >= k
+        return LookupResult("hit" if finished else "partial", br.draft(k), finished)
+
+    def _adopt(self, history: list[int], k: int, br: Branch) -> None:
+        """The engine took the finished branch `br` for the outcome that gave `history` (lookup())."""
+        self.base = None
+        self._found = br
+        self._take(history, k, br)
+
+    def _take(self, history: list[int], k: int, br: Branch) -> None:
+        """The branch becomes the main sequence; every other sequence goes."""
         self.cache.branches.pop((br.a, br.b))
         self._drop_branches()
         fed = br.pos - len(history)  # drafted tokens already in the branch's KV (-1: not even b yet)
         held = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
         self.free_seqs.append(self.drafter.kv.adopt(br.seq, held))
         self.meter.branches.add_used(min(len(br.tokens), k))
-        finished = br.done or len(br.tokens) >= k
-        return LookupResult("hit" if finished else "partial", br.draft(k), finished)
 
     def _why_missed(self, outcome: tuple[int, int] | None) -> str:
         """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS."""
@@ -347,9 +386,11 @@ class PrespecWorker:
             self.free_seqs.append(br.seq)
         self.meter.branches.set_cells(0)
 
-    def _prespec(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
+    def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
+        self._ready = None
+        self._round_no = round_no
         self._planned = set()  # the outcomes this round's plan ranked (a miss's reason reads it)
         if self._interrupted():
             return
@@ -419,6 +460,9 @@ class PrespecWorker:
             finally:
                 self._abortable = False
                 self._growing_first = None
+            # published: the engine may hand these over without asking (lookup())
+            done = {key: br for key, br in self.cache.branches.items() if br.done}
+            self._ready = (self._round_no, self.base, done)
 
     def _grow(self, branches: list[Branch], depth: int) -> bool:
         """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
@@ -438,9 +482,10 @@ class PrespecWorker:
                 if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
                     br.done = True
                     continue
-                t = drafter.pick(row, br.pos)
+                cand = top_candidates(row, drafter.cand_temperature())
+                t = drafter.pick(row, br.pos, cand)
                 br.tokens.append(t)
-                br.cands.append(top_candidates(row, drafter.cand_temperature()))
+                br.cands.append(cand)
                 br.feed = t
                 self.meter.branches.add_prepared(1)
                 br.done = len(br.tokens) >= depth

@@ -12,7 +12,7 @@ import pytest
 from fakes import FakeContext, FakeModel
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
-from ssd_edge.events import FinishEvent
+from ssd_edge.events import FinishEvent, TokenEvent
 
 
 def fake_engine(mode: str = "ssd", *, disagree_every: int = 5, k: int = 4, draft_delay=0.0, target_delay=0.0,
@@ -218,16 +218,21 @@ def test_abandoned_generator_joins_the_worker():
         tokens=PROMPT, max_tokens=20, mode="ar").tokens
 
 
-def test_low_priority_branches_are_preempted_when_the_verify_result_arrives():
-    # Verify 35 ms; each draft decode 6 ms: the likeliest branch (all accepted: this draft always
-    # agrees) is done after ~30 ms, the batch of the others is still decoding when the engine asks,
-    # and gets aborted.
+def test_a_hit_is_handed_over_at_once_while_the_other_branches_decode_on():
+    """Verify 35 ms; a one-token draft decode 2 ms, a batch 25 ms: the likeliest branch (all accepted:
+    this draft always agrees) is done after ~10 ms, and the batch growing the others is decoding when
+    the verify ends. The engine takes the finished branch without waiting for that decode or aborting
+    it (the worker adopts it once the decode ends): aborts come only from lookups that were no hit."""
     eng, draft_ctx = fake_engine(disagree_every=0, budget_cells=64, fanout_max=6, fanout_min=4,
-                                 target_delay=0.035, draft_delay=0.006)
-    out = run(eng, "ssd", n=40)
-    assert out.tokens == run(eng, "ar", n=40).tokens
-    assert draft_ctx.aborted > 0
-    assert out.stats.prespec.hits > 0
+                                 target_delay=0.035, draft_delay=lambda n: 0.002 if n == 1 else 0.025)
+    events = [ev for ev in eng.generate(tokens=PROMPT, max_tokens=40, mode="ssd") if isinstance(ev, TokenEvent)]
+    rounds = [ev.round for ev in events]
+    assert tuple(t for ev in events for t in ev.tokens) == run(eng, "ar", n=40).tokens
+    hits = [r for r in rounds if r.prespec == "hit"]
+    lookups = [r for r in rounds if r.prespec is not None]
+    assert len(hits) >= 4
+    assert all(r.draft_wait_ms < 12 for r in hits), [r.draft_wait_ms for r in hits]  # not a batch decode's 25
+    assert draft_ctx.aborted <= len(lookups) - len(hits)
 
 
 def test_threads_follow_the_mode_unless_pinned():
