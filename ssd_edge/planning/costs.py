@@ -192,6 +192,7 @@ class Costs:
         self.idle_ms: dict[int, float] = {}   # target decodes timed with the worker resting, by size
         self.idle_round: dict[int, int] = {}  # the round each size was last timed idle
         self.rounds = 0
+        self.compared = 0                     # busy decodes timed against an idle one (contention samples)
 
     @property
     def contention(self) -> float:
@@ -208,6 +209,7 @@ class Costs:
         if busy:
             if n in self.idle_ms:
                 self._contention.add(ms / self.idle_ms[n])
+                self.compared += 1
             self.target.add(n, ms / self.contention)
         else:
             self.idle_ms[n] = running_mean(self.idle_ms.get(n), ms, Curve.ALPHA)

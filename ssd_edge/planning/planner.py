@@ -70,6 +70,8 @@ HORIZON = 128        # most tokens over which the draft's catch-up is spread
 HIT_PRIOR = 0.5      # how often a prepared round is used, until measured
 IDLE_EVERY = 16      # a worker busy this many rounds rests one, to time an idle verify (contention)
 IDLE_FIRST = 4       # ... this many, when no idle verify of that size was ever timed
+IDLE_QUIET = 1.05    # a worker slowing the target by at most this (a GPU target) costs it nothing to speak of:
+IDLE_DOUBLINGS = 3   # ... each idle verify that finds so doubles the busy rounds to the next one, up to 8 x
 # Probing a written-off draft (see the module docstring): where a draft accepted at EXPLORE_ALPHA
 # would beat plain steps by EXPLORE_UPSIDE, EXPLORE_K tokens are drafted after EXPLORE_FIRST plain
 # rounds, then after twice as many each time the probe is not followed, up to EXPLORE_MOST.
@@ -193,6 +195,9 @@ class Planner:
         self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)         # prepared rounds used / looked up
         self.rounds_resting = 0                                    # rounds since the worker last prepared
         self.busy_streak = 0                                       # rounds the worker has drafted in a row
+        # doublings of IDLE_EVERY (IDLE_QUIET): one to start with where the profile found the worker quiet
+        self.idle_backoff = int(self.costs.contention <= IDLE_QUIET)
+        self._compared = 0                                         # busy-vs-idle comparisons at the last rest
         self.prefilled = False                                     # the prompt's round has run
         self.shadow = NgramShadow(ngram, ngram_cap) if ngram is not None and "ngram" in menu.kinds else None
         self.decisions: dict[str, int] = {}
@@ -407,9 +412,18 @@ class Planner:
         if not self.prefilled:  # the draft reads the prompt beside the target's own reading of it, unless
             return self.upside() >= 1.0  # no draft could beat plain steps here (a compute-bound CPU)
         # rest one round now and then: an idle verify of this size prices the worker's cost (soon
-        # after it starts when none was ever timed, then every IDLE_EVERY busy rounds)
-        every = IDLE_EVERY if verifying in self.costs.idle_ms else IDLE_FIRST
-        if self.busy_streak >= every and self.costs.idle_stale(verifying, IDLE_EVERY):
+        # after it starts when none was ever timed, then every IDLE_EVERY busy rounds; where the
+        # worker is found to cost the target nothing, ever more rarely: each rest costs a round
+        # without a prepared draft, most of the time such a round is there to save on a GPU)
+        if self.costs.contention > IDLE_QUIET:
+            self.idle_backoff = 0
+        every = IDLE_EVERY << self.idle_backoff
+        if verifying not in self.costs.idle_ms and not self.idle_backoff:
+            every = IDLE_FIRST
+        if self.busy_streak >= every and self.costs.idle_stale(verifying, every):
+            if self.costs.compared > self._compared:  # busy verifies were timed against idle ones since
+                self.idle_backoff = min(self.idle_backoff + 1, IDLE_DOUBLINGS)  # (quiet: checked above)
+                self._compared = self.costs.compared
             return False
         return self.prespec_pays(verifying)
 
@@ -454,6 +468,7 @@ class Planner:
         if self.prefilled:  # the prompt's round: its time says nothing of a step (its acceptance does)
             self.rounds_resting = 0 if busy else self.rounds_resting + 1
             self.costs.observe_target(drafted + 1, verify_ms, busy)
+
         self.prefilled = True
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0

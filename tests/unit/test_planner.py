@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from ssd_edge.planning.costs import CONTENTION_FLOOR, Costs, Curve, Rate, describe_regime
-from ssd_edge.planning.planner import EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, IDLE_EVERY, MENUS, Offer, Planner, match_class
+from ssd_edge.planning.planner import (EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, IDLE_DOUBLINGS, IDLE_EVERY, IDLE_QUIET, MENUS,
+                                      Offer, Planner, match_class)
 from ssd_edge.speculation.drafters import NgramDrafter
 
 # A CPU-like target (FIELD_NOTES, 1.5B at 2 threads, Intel): 4 tokens cost ~1.6 steps.
@@ -506,7 +507,7 @@ def test_the_worker_rests_when_it_slows_the_target():
 
 
 def test_a_busy_worker_rests_now_and_then_to_time_an_idle_verify():
-    p = planner(contention=1.0, curve=FLAT, cap=8, draft_ms=30.0)
+    p = planner(contention=1.1, curve=FLAT, cap=8, draft_ms=30.0)  # a worker that costs the target something
     teach_draft(p, 0.95)
     runs = []
     for _ in range(3 * IDLE_EVERY):
@@ -514,6 +515,33 @@ def test_a_busy_worker_rests_now_and_then_to_time_an_idle_verify():
         p.observe("prepared", 3, 3, 169.0, busy=runs[-1])
     assert 2 <= runs.count(False) <= 4  # one idle round in IDLE_EVERY busy ones
     assert 4 in p.costs.idle_ms
+
+
+def test_a_worker_that_costs_the_target_nothing_rests_ever_more_rarely():
+    """Busy verifies as fast as idle ones (a GPU target): each idle verify that confirms it doubles the
+    busy rounds to the next rest, up to IDLE_EVERY x 2^IDLE_DOUBLINGS; a worker that slows the target
+    keeps resting one round in IDLE_EVERY, and a slowdown found later brings that back."""
+    def rests(p: Planner, busy_ms: float, rounds: int) -> int:
+        n = 0
+        for _ in range(rounds):
+            runs = p.worker_runs(4)
+            n += not runs
+            p.observe("prepared", 3, 3, busy_ms if runs else 169.0, busy=runs)
+        return n
+
+    quiet = planner(contention=1.0, curve=FLAT, cap=8, draft_ms=30.0)
+    teach_draft(quiet, 0.95)
+    assert quiet.idle_backoff == 1  # the profile found the worker quiet: the first rest after 32 busy rounds
+    assert rests(quiet, 169.0, 16 * IDLE_EVERY) <= 4  # 256 rounds: rests after 32, 64, 128 ...: not 16
+    assert quiet.idle_backoff == IDLE_DOUBLINGS
+    costly = planner(contention=1.1, curve=FLAT, cap=8, draft_ms=30.0)
+    teach_draft(costly, 0.95)
+    assert rests(costly, 190.0, 4 * IDLE_EVERY) >= 3 and costly.idle_backoff == 0  # 1.12x: one in 16
+    assert quiet.costs.contention <= IDLE_QUIET
+    for _ in range(3 * IDLE_EVERY * 2 ** IDLE_DOUBLINGS):  # the target slows beside the worker
+        if not rests(quiet, 260.0, 1) and quiet.idle_backoff == 0:
+            break
+    assert quiet.idle_backoff == 0 and quiet.costs.contention > IDLE_QUIET
 
 
 def test_a_resting_worker_is_tried_again_as_its_hit_rate_fades_to_the_prior():
