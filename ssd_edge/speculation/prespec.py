@@ -219,6 +219,7 @@ class PrespecWorker:
         # (round, base, {(a, b): branch}); the engine hands one over without a call (lookup())
         self._ready: tuple[int, tuple[list[int], Draft], dict[tuple[int, int], Branch]] | None = None
         self._round = 0  # the engine's count of verifying() calls (the round a publication belongs to)
+        self._round_no = 0  # the worker's copy: the round it prepares now
         self.error: BaseException | None = None
         self._abortable = False  # True while growing branches (a decode the engine may abort)
         # the outcome (a, b) of the likeliest branch while it grows alone: the engine lets a decode
