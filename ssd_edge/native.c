@@ -16,7 +16,8 @@
  * (so ascending ids). When the buffer fills, t rises to the k-th largest value it holds and the entries
  * below t go. The pass tests 32 values at a time against t (vectorised: 4-wide everywhere, 8-wide with
  * AVX on x86 CPUs that have it, chosen when the module loads) and looks at single values only in a
- * span that holds one at or above t: after the first thousand values, almost none do.
+ * span that holds one at or above t (those values alone, by a mask of the span): after the first
+ * thousand values, almost no span does.
  * Every value >= the final k-th largest was kept (t never passes it), so the answer is in the buffer.
  */
 #define PY_SSIZE_T_CLEAN
@@ -134,6 +135,14 @@ static Py_ssize_t scan_8wide(const float *x, Py_ssize_t i, Py_ssize_t n, float t
 
 static Py_ssize_t (*scan)(const float *, Py_ssize_t, Py_ssize_t, float) = scan_4wide;
 
+/* bit j set where x[j] >= t or is NaN (not < t), j < SPAN: which values of a span the pass must look at
+ * (branch-free, so the compiler vectorises it; a span the scan stops at holds one or two of them) */
+static inline uint32_t span_mask(const float *x, float t) {
+    uint32_t m = 0;
+    for (int j = 0; j < SPAN; j++) m |= (uint32_t)!(x[j] < t) << j;
+    return m;
+}
+
 /* The k largest of x[0..n-1] (1 <= k < n) into ids[0..k-1], in sampling.top_ids' order; 1 on success,
  * 0 where the numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls. */
 static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
@@ -148,7 +157,10 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
     int ok = (s.val && s.scratch && s.id) ? 1 : -1;
     Py_ssize_t i = 0;
     while (ok == 1 && (i = scan(x, i, n, s.t)) + SPAN <= n) {  /* a span that holds a value >= t */
-        for (int j = 0; j < SPAN && ok == 1; j++) {
+        /* only its values >= t, in row order (keep() tests each against t again: a compaction may
+         * have raised it; what it drops was below t either way) */
+        for (uint32_t m = span_mask(x + i, s.t); m && ok == 1; m &= m - 1) {
+            const int j = __builtin_ctz(m);
             float v = x[i + j];
             ok = (v != v) ? 0 : keep(&s, v, (int64_t)(i + j));  /* NaN: the numpy path decides */
         }

@@ -288,6 +288,16 @@ def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
     x = np.random.default_rng(3).standard_normal(5000).astype(np.float32)
     x[17] = np.nan  # the compiled pass declines NaN rows; numpy's answers as before
     assert sampling.top_ids(x, 40).tolist() == sampling._top_ids_numpy(x, 40).tolist()
+    if sampling.compiled_top_ids is not None:  # wherever the NaN is: a span it stops at, one it would
+        for width in _scan_widths():           # skip (a NaN is not below the threshold), the tail
+            before = _set_scan_width(width)
+            try:
+                for at in (0, 17, 3001, 4990, 4999):
+                    z = np.random.default_rng(at).standard_normal(5000).astype(np.float32)
+                    z[at] = np.nan
+                    assert sampling.compiled_top_ids(z, 40) is None, (width, at)
+            finally:
+                _set_scan_width(before)
     y = x.astype(np.float64)
     y[17] = 0.0
     assert sampling.top_ids(y, 40).tolist() == _top_k_reference(y, 40)
