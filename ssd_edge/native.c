@@ -2,7 +2,8 @@
  *
  * support(row, top_k, top_p, min_p, temperature) and gumbel(ids, p, seed, position): sampling.support and
  * coupling.gumbel_draw for a row with top-k on, the same steps in the same order (the numpy paths are the
- * reference the tests hold these to; exp and log may differ from numpy's in the last bit).
+ * reference the tests hold these to; exp and log may differ from numpy's in the last bit); draw(row, top_k,
+ * top_p, min_p, temperature, seed, position): the two in one call, the token alone handed back.
  *
  * spin(seconds): wait that long on this core, the interpreter's lock released, as a CUDA host thread
  * waits for its GPU (it spins: the core stays awake and its caches warm). The priced backend's wait.
@@ -293,25 +294,16 @@ static PyObject *ids_and_probs(int ok, const int64_t *idx, const double *p, Py_s
     return out;
 }
 
-/* support(row, top_k, top_p, min_p, temperature) -> (ids bytes int64 ascending, p bytes float64) or None:
- * sampling.support for top_k > 0, step by step in its order and arithmetic (see there). */
-static PyObject *support(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    Py_ssize_t k;
-    double top_p, min_p, temperature;
-    if (!PyArg_ParseTuple(args, "y*nddd", &buf, &k, &top_p, &min_p, &temperature)) return NULL;
-    const float *x = (const float *)buf.buf;
-    Py_ssize_t n = row_length(&buf, k, temperature);
-    if (n < 0) return NULL;
-    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
+/* sampling.support for top_k > 0 (see there), step by step in its order and arithmetic: the support's ids
+ * ascending into idx[0..*m-1] and their probabilities into p; idx, p hold k each. 1 on success, 0 where the
+ * numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls. */
+static int support_core(const float *x, Py_ssize_t n, Py_ssize_t k, double top_p, double min_p, double temperature,
+                        int64_t *idx, double *p, Py_ssize_t *m_out) {
     double *z = malloc((size_t)k * sizeof(double));
-    double *p = malloc((size_t)k * sizeof(double));
     Ranked *rank = malloc((size_t)k * sizeof(Ranked));
     int64_t *pair = malloc((size_t)k * 2 * sizeof(int64_t));
-    PyObject *out = NULL;
-    int ok = (idx && z && p && rank && pair) ? 1 : -1;
+    int ok = (z && rank && pair) ? 1 : -1;
     Py_ssize_t m = k;
-    Py_BEGIN_ALLOW_THREADS
     if (ok == 1) ok = topk_core(x, n, k, idx);
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < m; j++) z[j] = (double)x[idx[j]];
@@ -380,13 +372,33 @@ static PyObject *support(PyObject *self, PyObject *args) {
         }
         m = w;
     }
-    Py_END_ALLOW_THREADS
-    out = ids_and_probs(ok, idx, p, m);
-    free(idx);
     free(z);
-    free(p);
     free(rank);
     free(pair);
+    *m_out = m;
+    return ok;
+}
+
+/* support(row, top_k, top_p, min_p, temperature) -> (ids bytes int64 ascending, p bytes float64) or None:
+ * sampling.support for top_k > 0 (support_core). */
+static PyObject *support(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t k;
+    double top_p, min_p, temperature;
+    if (!PyArg_ParseTuple(args, "y*nddd", &buf, &k, &top_p, &min_p, &temperature)) return NULL;
+    const float *x = (const float *)buf.buf;
+    Py_ssize_t n = row_length(&buf, k, temperature);
+    if (n < 0) return NULL;
+    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
+    double *p = malloc((size_t)k * sizeof(double));
+    int ok = (idx && p) ? 1 : -1;
+    Py_ssize_t m = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (ok == 1) ok = support_core(x, n, k, top_p, min_p, temperature, idx, p, &m);
+    Py_END_ALLOW_THREADS
+    PyObject *out = ids_and_probs(ok, idx, p, m);
+    free(idx);
+    free(p);
     PyBuffer_Release(&buf);
     return out;
 }
@@ -449,6 +461,25 @@ static uint64_t mix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
+/* the id of ids[0..m-1] maximising log p + G(seed, position, id), the first of equals: coupling.gumbel_draw */
+static int64_t gumbel_core(const int64_t *ids, const double *p, Py_ssize_t m, uint64_t seed, uint64_t position) {
+    const uint64_t golden = 0x9E3779B97F4A7C15ULL, m2 = 0x94D049BB133111EBULL;
+    uint64_t key = mix64((seed & ((1ULL << 63) - 1)) + golden);
+    key = mix64(key ^ (position * golden));
+    int64_t best = ids[0];
+    double best_score = -INFINITY;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        uint64_t h = mix64(key ^ (((uint64_t)ids[j] + 1ULL) * m2));
+        double u = ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+        double score = log(p[j]) + -log(-log(u));
+        if (score > best_score) {
+            best_score = score;
+            best = ids[j];
+        }
+    }
+    return best;
+}
+
 /* gumbel(ids bytes int64, p bytes float64, seed, position) -> the id maximising log p + G(seed, position, id),
  * the first of equals: coupling.gumbel_draw */
 static PyObject *gumbel(PyObject *self, PyObject *args) {
@@ -464,22 +495,37 @@ static PyObject *gumbel(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "gumbel: ids and p must be as long, and not empty");
         return NULL;
     }
-    const uint64_t golden = 0x9E3779B97F4A7C15ULL, m2 = 0x94D049BB133111EBULL;
-    uint64_t key = mix64((seed & ((1ULL << 63) - 1)) + golden);
-    key = mix64(key ^ (position * golden));
-    int64_t best = ids[0];
-    double best_score = -INFINITY;
-    for (Py_ssize_t j = 0; j < m; j++) {
-        uint64_t h = mix64(key ^ (((uint64_t)ids[j] + 1ULL) * m2));
-        double u = ((double)(h >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-        double score = log(p[j]) + -log(-log(u));
-        if (score > best_score) {
-            best_score = score;
-            best = ids[j];
-        }
-    }
+    const int64_t best = gumbel_core(ids, p, m, seed, position);
     PyBuffer_Release(&ids_buf);
     PyBuffer_Release(&p_buf);
+    return PyLong_FromLongLong(best);
+}
+
+/* draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, or
+ * None (the numpy path decides): coupling.draw for top_k > 0, support_core then gumbel_core in one call */
+static PyObject *draw(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t k;
+    double top_p, min_p, temperature;
+    unsigned long long seed, position;
+    if (!PyArg_ParseTuple(args, "y*ndddKK", &buf, &k, &top_p, &min_p, &temperature, &seed, &position)) return NULL;
+    const float *x = (const float *)buf.buf;
+    Py_ssize_t n = row_length(&buf, k, temperature);
+    if (n < 0) return NULL;
+    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
+    double *p = malloc((size_t)k * sizeof(double));
+    int ok = (idx && p) ? 1 : -1;
+    Py_ssize_t m = 0;
+    int64_t best = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (ok == 1) ok = support_core(x, n, k, top_p, min_p, temperature, idx, p, &m);
+    if (ok == 1) best = m == 1 ? idx[0] : gumbel_core(idx, p, m, seed, position);
+    Py_END_ALLOW_THREADS
+    free(idx);
+    free(p);
+    PyBuffer_Release(&buf);
+    if (ok < 0) return PyErr_NoMemory();
+    if (ok == 0) Py_RETURN_NONE;
     return PyLong_FromLongLong(best);
 }
 
@@ -537,6 +583,9 @@ static PyMethodDef methods[] = {
      "head(row, k, temperature) -> (ids, p) as bytes, or None: sampling.head_probs (most likely first)."},
     {"gumbel", gumbel, METH_VARARGS,
      "gumbel(ids, p, seed, position) -> the coupled draw from a support: coupling.gumbel_draw."},
+    {"draw", draw, METH_VARARGS,
+     "draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, "
+     "or None: coupling.draw for top_k > 0, in one call."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "
      "to it ascending), or None (ties past its buffer, NaN): see ssd_edge/sampling.py."},

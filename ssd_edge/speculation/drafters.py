@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import SamplingConfig
-from ..coupling import gumbel_draw
+from ..coupling import draw, gumbel_draw
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
@@ -164,6 +164,8 @@ class ModelDrafter:
         numpy's argmax), so the row is not read again."""
         if cand is not None and self.sampling.greedy:
             return int(cand.ids[0])
+        if self.saguaro[1] >= 1.0:  # q is the sampling distribution itself: the target's own kind of draw
+            return draw(logits, self.sampling, self.seed, position)
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return int(np.argmax(logits)) if q is None else gumbel_draw(*q, self.seed, position)
 

@@ -100,3 +100,35 @@ def test_the_compiled_draw_is_numpys():
                 compiled = coupling.gumbel_draw(ids, p, seed, pos + shift)
                 g = -np.log(-np.log(coupling.uniforms(seed, pos + shift, ids)))
                 assert compiled == int(ids[np.argmax(np.log(p) + g)])
+
+
+def test_a_draw_in_one_compiled_call_is_the_support_then_the_gumbel_draw(monkeypatch):
+    """coupling.draw with top-k on makes its support and its draw in one C call (native.draw): the token
+    the two steps give in Python, and the one the numpy paths give, for rows with ties and masks, every
+    sampling setting tried, seeds and positions; a row it declines (NaN) goes the long way."""
+    if coupling.compiled_draw is None:
+        pytest.skip("the compiled draw is not built here")
+    import ssd_edge.sampling as sampling
+    from ssd_edge.config import SamplingConfig
+
+    rng = np.random.default_rng(5)
+    rows = [(rng.standard_normal(n) * 3).astype(np.float32) for n in (300, 49_152, 151_936)]
+    rows.append(np.round(rows[1], 0))  # ties everywhere
+    settings = [SamplingConfig(temperature=t, top_k=k, top_p=p, min_p=m) for t in (0.3, 1.0, 1.7)
+                for k in (1, 2, 40) for p in (1.0, 0.95) for m in (0.0, 0.05)]
+    for x in rows:
+        for s in settings:
+            for seed, pos in ((0, 0), (7, 123), (2**63 + 5, 2**40)):
+                one = coupling.draw(x, s, seed, pos)
+                assert one == coupling.gumbel_draw(*sampling.support(x, s), seed, pos), (len(x), s)
+                with monkeypatch.context() as m:
+                    for name in ("compiled_draw", "compiled_gumbel"):
+                        m.setattr(coupling, name, None)
+                    m.setattr(sampling, "compiled_support", None)
+                    m.setattr(sampling, "compiled_top_ids", None)
+                    assert one == coupling.draw(x, s, seed, pos), (len(x), s)
+    nan = rows[0].copy()
+    nan[7] = np.nan
+    s = SamplingConfig(temperature=1.0)
+    assert coupling.compiled_draw(nan, s.top_k, s.top_p, s.min_p, s.temperature, 1, 2) is None
+    assert coupling.draw(nan, s, 1, 2) == coupling.gumbel_draw(*sampling.support(nan, s), 1, 2)
