@@ -3,10 +3,10 @@
     .venv/bin/python scripts/ab_seed.py --base 466468b -m qwen2.5-coder-1.5b --modes ar,sd,auto --temps 0,1 \\
         -n 96 --reps 2 -o /tmp/ab.jsonl
 
-The base revision is checked out into a git worktree and run from there (PYTHONPATH), this checkout as
-it is beside it: one process per version and pass, loading the pair once and running every mode and
-temperature on the same chat prompts and seed, the two versions in turn (the order swapped every other
-pass, so a warm or a loaded machine favours neither). Prints a markdown table of decode tokens/s
+The base revision is checked out into a git worktree, its own ssd_edge/native.c compiled there, and run
+from there (PYTHONPATH), this checkout as it is beside it: one process per version and pass, loading
+the pair once and running every mode and temperature on the same chat prompts and seed, the two
+versions in turn (the order swapped every other pass, so a warm or a loaded machine favours neither). Prints a markdown table of decode tokens/s
 (medians), the new version's host time per decoded position (Stats.host_ms_per_position, where the
 version has it) and how many answers are the same token for token. Each generation is a JSON line in -o.
 """
@@ -19,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -26,6 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[{"role": "user", "content": "Write a Python function that merges two sorted lists, with a docstring and tests."}],
            [{"role": "user", "content": "Explain in a short paragraph how a hash map handles collisions."}]]
+
+
+def build_native(tree: Path) -> None:
+    """The base's own compiled part (ssd_edge/native.c) built into its worktree. Without it the base would
+    not run on numpy's paths but on this checkout's library: the editable install maps ssd_edge.native
+    to it wherever the package itself comes from, so a change to native.c would be on both sides."""
+    source = tree / "ssd_edge" / "native.c"
+    if not source.exists():
+        return  # a base from before the compiled part
+    target = source.with_name("native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    done = subprocess.run([*cc, "-O3", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
+                           "-o", str(target), "-lm"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the base's ssd_edge/native.c did not build:\n{done.stderr[-2000:]}")
 
 
 def run_version(args: argparse.Namespace, tag: str) -> None:
@@ -91,6 +107,7 @@ def main() -> int:
         base = Path(tmp) / "base"
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.base], check=True)
         try:
+            build_native(base)
             for rep in range(args.reps):
                 for tag in (("base", "new") if rep % 2 == 0 else ("new", "base")):
                     env = {"PYTHONPATH": str(base)} if tag == "base" else {}
