@@ -71,7 +71,7 @@ HIT_PRIOR = 0.5      # how often a prepared round is used, until measured
 IDLE_EVERY = 16      # a worker busy this many rounds rests one, to time an idle verify (contention)
 IDLE_FIRST = 4       # ... this many, when no idle verify of that size was ever timed
 IDLE_QUIET = 1.05    # a worker slowing the target by at most this (a GPU target) costs it nothing to speak of:
-IDLE_DOUBLINGS = 3   # ... each idle verify that finds so doubles the busy rounds to the next one, up to 8 x
+IDLE_DOUBLINGS = 3   # ... each rest after busy verifies that found so doubles the busy rounds to the next, up to 8x
 # Probing a written-off draft (see the module docstring): where a draft accepted at EXPLORE_ALPHA
 # would beat plain steps by EXPLORE_UPSIDE, EXPLORE_K tokens are drafted after EXPLORE_FIRST plain
 # rounds, then after twice as many each time the probe is not followed, up to EXPLORE_MOST.
@@ -468,7 +468,6 @@ class Planner:
         if self.prefilled:  # the prompt's round: its time says nothing of a step (its acceptance does)
             self.rounds_resting = 0 if busy else self.rounds_resting + 1
             self.costs.observe_target(drafted + 1, verify_ms, busy)
-
         self.prefilled = True
         if kind in ("draft", "prepared") and drafted:
             self.rounds_since_draft = 0
