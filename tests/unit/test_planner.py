@@ -518,8 +518,8 @@ def test_a_busy_worker_rests_now_and_then_to_time_an_idle_verify():
 
 
 def test_a_worker_that_costs_the_target_nothing_rests_ever_more_rarely():
-    """Busy verifies as fast as idle ones (a GPU target): each idle verify that confirms it doubles the
-    busy rounds to the next rest, up to IDLE_EVERY x 2^IDLE_DOUBLINGS; a worker that slows the target
+    """Busy verifies as fast as idle ones (a GPU target): each rest after busy verifies confirmed it doubles
+    the busy rounds to the next one, up to IDLE_EVERY x 2^IDLE_DOUBLINGS; a worker that slows the target
     keeps resting one round in IDLE_EVERY, and a slowdown found later brings that back."""
     def rests(p: Planner, busy_ms: float, rounds: int) -> int:
         n = 0
