@@ -231,7 +231,7 @@ def test_a_hit_is_handed_over_at_once_while_the_other_branches_decode_on():
     hits = [r for r in rounds if r.prespec == "hit"]
     lookups = [r for r in rounds if r.prespec is not None]
     assert len(hits) >= 4
-    assert all(r.draft_wait_ms < 12 for r in hits), [r.draft_wait_ms for r in hits]  # not a batch decode's 25
+    assert all(r.draft_wait_ms < 20 for r in hits), [r.draft_wait_ms for r in hits]  # not a batch decode's 25
     assert draft_ctx.aborted <= len(lookups) - len(hits)
 
 
