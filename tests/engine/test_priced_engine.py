@@ -55,8 +55,8 @@ def test_a_generation_s_decodes_are_on_the_clock_at_their_prices():
     price = engine.target.curve.ms(prompt) + (len(c.tokens) - 1) * engine.target.curve.ms(1)  # a prefill, steps
     # as measured: each decode its price, give or take a wait's wake-up (a sleep aims early by its lateness);
     # never much less, and more only by what the machine takes from it (a spinning wait descheduled under
-    # outside load: a 5% bound failed so on a loaded machine), not by a second price or a missed one
-    assert 0.95 * price / 1e3 <= seconds - seconds0 <= 1.5 * price / 1e3 and rows - rows0 == len(c.tokens)
+    # outside load: 1.54x with two busy processes beside it on 2 cores), not by a second price or a missed one
+    assert 0.95 * price / 1e3 <= seconds - seconds0 <= 1.9 * price / 1e3 and rows - rows0 == len(c.tokens)
     assert c.stats.wall_s > price / 1e3
 
 
