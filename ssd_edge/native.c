@@ -295,14 +295,17 @@ static PyObject *ids_and_probs(int ok, const int64_t *idx, const double *p, Py_s
 }
 
 /* sampling.support for top_k > 0 (see there), step by step in its order and arithmetic: the support's ids
- * ascending into idx[0..*m-1] and their probabilities into p; idx, p hold k each. 1 on success, 0 where the
- * numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls. */
+ * ascending in (*idx_out)[0..*m_out-1] and their probabilities in *p_out, two arrays of k it allocates (the
+ * caller frees them, whatever it returns). 1 on success, 0 where the numpy path must decide (NaN, ties past
+ * the buffer), -1 out of memory. No Python calls: run it with the interpreter's lock released. */
 static int support_core(const float *x, Py_ssize_t n, Py_ssize_t k, double top_p, double min_p, double temperature,
-                        int64_t *idx, double *p, Py_ssize_t *m_out) {
+                        int64_t **idx_out, double **p_out, Py_ssize_t *m_out) {
+    int64_t *idx = *idx_out = malloc((size_t)k * sizeof(int64_t));
+    double *p = *p_out = malloc((size_t)k * sizeof(double));
     double *z = malloc((size_t)k * sizeof(double));
     Ranked *rank = malloc((size_t)k * sizeof(Ranked));
     int64_t *pair = malloc((size_t)k * 2 * sizeof(int64_t));
-    int ok = (z && rank && pair) ? 1 : -1;
+    int ok = (idx && p && z && rank && pair) ? 1 : -1;
     Py_ssize_t m = k;
     if (ok == 1) ok = topk_core(x, n, k, idx);
     if (ok == 1) {
@@ -389,12 +392,12 @@ static PyObject *support(PyObject *self, PyObject *args) {
     const float *x = (const float *)buf.buf;
     Py_ssize_t n = row_length(&buf, k, temperature);
     if (n < 0) return NULL;
-    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
-    double *p = malloc((size_t)k * sizeof(double));
-    int ok = (idx && p) ? 1 : -1;
+    int64_t *idx;
+    double *p;
     Py_ssize_t m = 0;
+    int ok;
     Py_BEGIN_ALLOW_THREADS
-    if (ok == 1) ok = support_core(x, n, k, top_p, min_p, temperature, idx, p, &m);
+    ok = support_core(x, n, k, top_p, min_p, temperature, &idx, &p, &m);
     Py_END_ALLOW_THREADS
     PyObject *out = ids_and_probs(ok, idx, p, m);
     free(idx);
@@ -512,13 +515,13 @@ static PyObject *draw(PyObject *self, PyObject *args) {
     const float *x = (const float *)buf.buf;
     Py_ssize_t n = row_length(&buf, k, temperature);
     if (n < 0) return NULL;
-    int64_t *idx = malloc((size_t)k * sizeof(int64_t));
-    double *p = malloc((size_t)k * sizeof(double));
-    int ok = (idx && p) ? 1 : -1;
+    int64_t *idx;
+    double *p;
     Py_ssize_t m = 0;
     int64_t best = 0;
+    int ok;
     Py_BEGIN_ALLOW_THREADS
-    if (ok == 1) ok = support_core(x, n, k, top_p, min_p, temperature, idx, p, &m);
+    ok = support_core(x, n, k, top_p, min_p, temperature, &idx, &p, &m);
     if (ok == 1) best = m == 1 ? idx[0] : gumbel_core(idx, p, m, seed, position);
     Py_END_ALLOW_THREADS
     free(idx);
