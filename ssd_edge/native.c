@@ -20,6 +20,10 @@
  * span that holds one at or above t (those values alone, by a mask of the span): after the first
  * thousand values, almost no span does.
  * Every value >= the final k-th largest was kept (t never passes it), so the answer is in the buffer.
+ * On a long row (at least 2k groups of 512 values) a first pass takes each group's largest value, and t
+ * starts at the k-th largest of those: k groups hold a value at or above it, so the k-th largest value of
+ * the row is too. The second pass looks only at the groups whose largest value reaches t, in row order:
+ * a few dozen of a vocabulary's 296, so the row is read once at the speed of a max.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -136,12 +140,78 @@ static Py_ssize_t scan_8wide(const float *x, Py_ssize_t i, Py_ssize_t n, float t
 
 static Py_ssize_t (*scan)(const float *, Py_ssize_t, Py_ssize_t, float) = scan_4wide;
 
+/* bound[g]: the largest of group g (x[g * GROUP ..], GROUP values), for g < groups; +inf where the group
+ * holds a NaN (so the pass looks at it and meets the NaN). The bounds of the threshold (topk_core). */
+#define GROUP 512
+static void group_maxima_4wide(const float *x, Py_ssize_t groups, float *bound) {
+    for (Py_ssize_t g = 0; g < groups; g++, x += GROUP) {  /* 4-wide vector compares and selects */
+        v4si nan = {0, 0, 0, 0};
+        v4sf m[4];
+        for (int a = 0; a < 4; a++) memcpy(&m[a], x + 4 * a, sizeof m[a]);
+        for (int j = 0; j < GROUP; j += 16) {
+            for (int a = 0; a < 4; a++) {
+                v4sf v;
+                memcpy(&v, x + j + 4 * a, sizeof v);
+                const v4si up = v > m[a];
+                nan |= v != v;
+                m[a] = (v4sf)((up & (v4si)v) | (~up & (v4si)m[a]));
+            }
+        }
+        float best = m[0][0];
+        for (int a = 0; a < 4; a++)
+            for (int b = 0; b < 4; b++)
+                if (m[a][b] > best) best = m[a][b];
+        bound[g] = (nan[0] | nan[1] | nan[2] | nan[3]) ? INFINITY : best;
+    }
+}
+
+#ifdef HAVE_AVX_SCAN
+__attribute__((target("avx")))
+static void group_maxima_8wide(const float *x, Py_ssize_t groups, float *bound) {
+    for (Py_ssize_t g = 0; g < groups; g++, x += GROUP) {
+        __m256 m0 = _mm256_loadu_ps(x), m1 = _mm256_loadu_ps(x + 8), nan = _mm256_setzero_ps();
+        for (int j = 0; j < GROUP; j += 16) {
+            const __m256 a = _mm256_loadu_ps(x + j), b = _mm256_loadu_ps(x + j + 8);
+            nan = _mm256_or_ps(nan, _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
+            m0 = _mm256_max_ps(a, m0);  /* a NaN in a keeps m0 (`nan` has it) */
+            m1 = _mm256_max_ps(b, m1);
+        }
+        __m256 m = _mm256_max_ps(m0, m1);  /* the 8 lanes' largest: swap halves, pairs, neighbours */
+        m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+        m = _mm256_max_ps(m, _mm256_permute_ps(m, 0x4E));
+        m = _mm256_max_ps(m, _mm256_permute_ps(m, 0xB1));
+        bound[g] = _mm256_movemask_ps(nan) ? INFINITY : _mm256_cvtss_f32(m);
+    }
+}
+#endif
+
+static void (*group_maxima)(const float *, Py_ssize_t, float *) = group_maxima_4wide;
+
 /* bit j set where x[j] >= t or is NaN (not < t), j < SPAN: which values of a span the pass must look at
  * (branch-free, so the compiler vectorises it; a span the scan stops at holds one or two of them) */
 static inline uint32_t span_mask(const float *x, float t) {
     uint32_t m = 0;
     for (int j = 0; j < SPAN; j++) m |= (uint32_t)!(x[j] < t) << j;
     return m;
+}
+
+/* The values of x[*i..] >= t into s, in row order, through the whole spans before `end` (*i left at the
+ * first value after them); 1, or 0 at a NaN (the numpy path decides), -1 out of memory */
+static int pass(Kept *s, const float *x, Py_ssize_t *i, Py_ssize_t end) {
+    int ok = 1;
+    Py_ssize_t at = *i;
+    while (ok == 1 && (at = scan(x, at, end, s->t)) + SPAN <= end) {  /* a span that holds a value >= t */
+        /* only its values >= t, in row order (keep() tests each against t again: a compaction may
+         * have raised it; what it drops was below t either way) */
+        for (uint32_t m = span_mask(x + at, s->t); m && ok == 1; m &= m - 1) {
+            const int j = __builtin_ctz(m);
+            float v = x[at + j];
+            ok = (v != v) ? 0 : keep(s, v, (int64_t)(at + j));
+        }
+        at += SPAN;
+    }
+    *i = at;
+    return ok;
 }
 
 /* The k largest of x[0..n-1] (1 <= k < n) into ids[0..k-1], in sampling.top_ids' order; 1 on success,
@@ -155,18 +225,29 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
     s.val = malloc((size_t)s.cap * sizeof(float));
     s.scratch = malloc((size_t)s.cap * sizeof(float));
     s.id = malloc((size_t)s.cap * sizeof(int64_t));
+    const Py_ssize_t groups = n / GROUP;
+    float *bound = groups >= 2 * k ? malloc((size_t)groups * sizeof(float)) : NULL;
     int ok = (s.val && s.scratch && s.id) ? 1 : -1;
     Py_ssize_t i = 0;
-    while (ok == 1 && (i = scan(x, i, n, s.t)) + SPAN <= n) {  /* a span that holds a value >= t */
-        /* only its values >= t, in row order (keep() tests each against t again: a compaction may
-         * have raised it; what it drops was below t either way) */
-        for (uint32_t m = span_mask(x + i, s.t); m && ok == 1; m &= m - 1) {
-            const int j = __builtin_ctz(m);
-            float v = x[i + j];
-            ok = (v != v) ? 0 : keep(&s, v, (int64_t)(i + j));  /* NaN: the numpy path decides */
+    if (ok == 1 && bound != NULL) {  /* the groups' maxima, then t starts at the k-th largest of them */
+        group_maxima(x, groups, bound);
+        float *sel = malloc((size_t)groups * sizeof(float));
+        if (sel == NULL) {
+            ok = -1;
+        } else {
+            memcpy(sel, bound, (size_t)groups * sizeof(float));
+            s.t = kth_largest(sel, groups, k);
+            free(sel);
         }
-        i += SPAN;
+        for (Py_ssize_t g = 0; ok == 1 && g < groups; g++) {
+            if (!(bound[g] >= s.t)) continue;  /* nothing here reaches t, so nothing reaches the k-th */
+            i = g * GROUP;
+            ok = pass(&s, x, &i, i + GROUP);
+        }
+        i = groups * GROUP;
     }
+    if (ok == 1) ok = pass(&s, x, &i, n);
+    free(bound);
     for (; ok == 1 && i < n; i++) {
         float v = x[i];
         ok = (v != v) ? 0 : keep(&s, v, (int64_t)i);
@@ -564,7 +645,10 @@ static PyObject *scan_width(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "this CPU has no AVX: the pass is 4 wide");
         return NULL;
     }
-    if (want) scan = want == 8 ? scan_8wide : scan_4wide;
+    if (want) {
+        scan = want == 8 ? scan_8wide : scan_4wide;
+        group_maxima = want == 8 ? group_maxima_8wide : group_maxima_4wide;
+    }
 #else
     const int was = 4;
     if (want == 8) {
@@ -601,7 +685,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native",
 PyMODINIT_FUNC PyInit_native(void) {
 #ifdef HAVE_AVX_SCAN
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx")) scan = scan_8wide;
+    if (__builtin_cpu_supports("avx")) {
+        scan = scan_8wide;
+        group_maxima = group_maxima_8wide;
+    }
 #endif
     return PyModule_Create(&module);
 }

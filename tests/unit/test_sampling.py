@@ -241,6 +241,12 @@ def _rows_with_ties_and_masks():
         yield masked
         yield np.ones(n, dtype=np.float32)          # every value tied: the lower ids
         yield np.sort(x)                            # ascending: the threshold rises to the very end
+        packed = x.copy()
+        packed[n // 2: n // 2 + 100] = x.max() + 1  # the k largest in one group of the first pass
+        yield packed
+        sparse = np.full(n, -np.inf, dtype=np.float32)
+        sparse[rng.integers(0, n, 7)] = x[:7]       # fewer finite values than k: the bound starts at -inf
+        yield sparse
 
 
 @pytest.mark.parametrize("compiled", [True, False])
@@ -292,10 +298,11 @@ def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
         for width in _scan_widths():           # skip (a NaN is not below the threshold), the tail
             before = _set_scan_width(width)
             try:
-                for at in (0, 17, 3001, 4990, 4999):
-                    z = np.random.default_rng(at).standard_normal(5000).astype(np.float32)
-                    z[at] = np.nan
-                    assert sampling.compiled_top_ids(z, 40) is None, (width, at)
+                for n, at in [(5000, 0), (5000, 17), (5000, 3001), (5000, 4990), (5000, 4999),
+                              (151_936, 0), (151_936, 70_001), (151_936, 151_935)]:  # long: in a group of
+                    z = np.random.default_rng(at).standard_normal(n).astype(np.float32)  # the first pass,
+                    z[at] = np.nan                                                  # or after the last
+                    assert sampling.compiled_top_ids(z, 40) is None, (width, n, at)
             finally:
                 _set_scan_width(before)
     y = x.astype(np.float64)
