@@ -333,6 +333,7 @@ class Engine:
         reason: StopReason | None = None
         message: str | None = None
         rounds = self._rounds(mode, cfg, s, seed, meter, cancel)
+        step_ms = self._step_ms.setdefault(cfg.target.threads, Ema(None))
         try:
             while reason is None:
                 room = cfg.n_ctx - len(history)  # the target's KV will hold history + draft
@@ -347,9 +348,9 @@ class Engine:
                 rounds.verifying(history, draft)
                 rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, cancel.is_set)
                 verify_s = time.perf_counter() - t_verify
-                meter.target_busy.add(verify_s)
+                meter.target_busy_s += verify_s
                 if not draft.tokens and len(history) > len(prompt) and not rounds.busy:  # a plain step, alone
-                    self._step_ms.setdefault(cfg.target.threads, Ema(None)).add(verify_s * 1e3)
+                    step_ms.add(verify_s * 1e3)
                 # The target's own draws (argmax, or coupled Gumbel-max over each row's candidates when
                 # sampling: coupling.py), made as verify reads them; a drafted token is accepted iff it
                 # equals the draw at its position.

@@ -53,8 +53,11 @@ class DecodeClock:
 
     def add(self, seconds: float, rows: int) -> None:
         loc = self._local
-        loc.seconds = getattr(loc, "seconds", 0.0) + seconds
-        loc.rows = getattr(loc, "rows", 0) + rows
+        try:
+            loc.seconds += seconds
+            loc.rows += rows
+        except AttributeError:  # this thread's first decode
+            loc.seconds, loc.rows = seconds, rows
 
     def read(self) -> tuple[float, int]:
         """(seconds inside decodes, rows returned) on the calling thread, since it started."""

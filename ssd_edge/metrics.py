@@ -108,8 +108,8 @@ class Meter:
         self.accepted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting pos i
         self.drafted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
         self.drafted = self.accepted = 0  # their sums, kept as they grow (read every round by live())
-        self.draft_busy = BusyClock()
-        self.target_busy = BusyClock()
+        self.draft_busy = BusyClock()  # added by the worker too
+        self.target_busy_s = 0.0  # the engine's thread alone decodes on the target
         self.latency_ms: dict[str, list[float]] = {"hit": [], "partial": [], "miss": [], "none": []}
         self.speculators: Counter[str] = Counter()
         self.prespec: Counter[str] = Counter()
@@ -158,11 +158,11 @@ class Meter:
 
     def live(self) -> LiveStats:
         wall = self.elapsed()
-        _, _, cells, _ = self.branches.read()
+        cells = self.branches.read()[2] if self.budget_cells else 0  # no budget: no branches
         return LiveStats(
             tokens=self.tokens, tokens_per_s=self.tokens / wall, acceptance=self.acceptance(),
             hit_rate=self.hit_rate(), draft_util=min(1.0, self.draft_busy.seconds / wall),
-            target_util=min(1.0, self.target_busy.seconds / wall), branch_cells=cells,
+            target_util=min(1.0, self.target_busy_s / wall), branch_cells=cells,
             budget_cells=self.budget_cells, mode=self.mode, state=self.state)
 
     def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None,
@@ -199,8 +199,8 @@ class Meter:
             mean_accepted_len=float(np.mean([r.accepted for r in spec_rounds])) if spec_rounds else None,
             per_position_acceptance=tuple(float(a / d) for a, d in zip(self.accepted_at.tolist(),
                                                                        self.drafted_at.tolist()) if d),
-            draft_busy_s=self.draft_busy.seconds, target_busy_s=self.target_busy.seconds,
-            draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy.seconds / wall),
+            draft_busy_s=self.draft_busy.seconds, target_busy_s=self.target_busy_s,
+            draft_util=min(1.0, self.draft_busy.seconds / wall), target_util=min(1.0, self.target_busy_s / wall),
             latency_ms_p50=_pct(all_lat, 50), latency_ms_p95=_pct(all_lat, 95), prespec=prespec,
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
             first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,

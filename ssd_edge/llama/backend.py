@@ -247,10 +247,22 @@ _FLOATS: dict[int, Any] = {}  # ctypes array types by length: made once, not per
 
 def _float_view(ptr: Any, n: int) -> np.ndarray:
     """n float32s at a C float pointer, as a numpy array over that memory (no copy)."""
+    return _floats_at(ctypes.cast(ptr, ctypes.c_void_p).value, n)
+
+
+def _floats_at(address: int, n: int) -> np.ndarray:
     arr = _FLOATS.get(n)
     if arr is None:
         arr = _FLOATS[n] = ctypes.c_float * n
-    return np.frombuffer(arr.from_address(ctypes.cast(ptr, ctypes.c_void_p).value), dtype=np.float32)
+    return np.frombuffer(arr.from_address(address), dtype=np.float32)
+
+
+def _logits_address() -> Any:
+    """llama_get_logits as a foreign function of its own that returns the buffer's address as an int (not
+    llama_cpp's, whose float pointer costs an object and a cast on every decode; llama_cpp's is untouched)."""
+    fn = ll.llama_cpp._lib["llama_get_logits"]
+    fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_void_p
+    return fn
 
 
 class Context:
@@ -298,6 +310,8 @@ class Context:
         self.threads = threads
         self.mem = ll.llama_get_memory(ptr)
         self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
+        self._logits_address = _logits_address()
+        self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> the rows over the output buffer
         self.abort = AbortFlag()
         ll.llama_set_abort_callback(self.ptr, self.abort.callback, self.abort.data)
         self._closed = False
@@ -340,7 +354,7 @@ class Context:
                     b.seq_id[i][j] = sj
             b.logits[i] = i in want
         b.n_tokens = n
-        view = not copy and all(x < y for x, y in zip(logits_for, logits_for[1:]))
+        view = not copy and (type(logits_for) is range or all(x < y for x, y in zip(logits_for, logits_for[1:])))
         if self._endpoints:  # llama_decode may return before the servers finish: the logits read waits on them too
             rc, rows, took = GUARD.call("a decode", self._endpoints, self._timeout_s, self._decode_into, b, logits_for,
                                         view)
@@ -364,9 +378,14 @@ class Context:
         rc = ll.llama_decode(self.ptr, b)
         if rc != 0 or not n_out:
             return rc, np.empty((0, n_vocab), dtype=np.float32), time.perf_counter() - t0
-        if view:
-            base = ll.llama_get_logits(self.ptr)
-            return rc, _float_view(base, n_out * n_vocab).reshape(n_out, n_vocab), time.perf_counter() - t0
+        if view:  # the same array while llama.cpp keeps its buffer (a new one where it reallocates it)
+            key = (self._logits_address(self.ptr), n_out)
+            rows = self._views.get(key)
+            if rows is None:
+                if len(self._views) >= 64:
+                    self._views.clear()
+                rows = self._views[key] = _floats_at(key[0], n_out * n_vocab).reshape(n_out, n_vocab)
+            return rc, rows, time.perf_counter() - t0
         ptrs = [ll.llama_get_logits_ith(self.ptr, i) for i in logits_for]
         took = time.perf_counter() - t0
         out = np.empty((n_out, n_vocab), dtype=np.float32)

@@ -107,6 +107,13 @@ class KVSeq:
         """
         if len(full) > self.ctx.n_ctx:
             raise ContextFullError(f"{len(full)} tokens do not fit in a context of {self.ctx.n_ctx}")
+        held = len(self._tokens)
+        if len(full) - held == rows and 0 < rows <= min(chunk or self.ctx.n_batch, self.ctx.n_batch) \
+                and full[:held] == self._tokens:
+            # a round's usual case: the cache holds all but the new tokens, whose rows are all wanted
+            got = self.ctx.decode(full[held:], range(held, held + rows), [self.seq] * rows, range(rows), copy=False)
+            self._tokens.extend(full[held:])
+            return got
         keep = min(common_prefix(self._tokens, full), len(full) - rows)
         self.truncate(keep)
         todo = list(full[keep:])

@@ -73,6 +73,7 @@ class Rounds:
         self.cancelled = cancelled
         self.decision: Decision | None = None
         self.busy = False  # whether the worker drafts beside the verify now running
+        self.plain = planner.menu.kinds == {"plain"}  # mode ar: every round a plain step, nothing to plan
 
     @property
     def served(self) -> str:
@@ -91,7 +92,7 @@ class Rounds:
 
     def propose(self, history: list[int], room: int, remaining: int) -> Proposal:
         """The draft to verify after `history`, at most `room` tokens."""
-        if room < 1:
+        if room < 1 or self.plain:
             self.decision = None
             return NOTHING
         looked = self._lookup(history, room)
@@ -151,6 +152,8 @@ class Rounds:
     def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, ms_per_token: float,
                 rows: np.ndarray) -> None:
         """The round is verified: `rows` are the target's logit rows at the committed positions."""
+        if self.plain:  # no proposer to price: nothing reads a plain-only planner's observations
+            return
         kind = self.decision.kind if self.decision is not None else "plain"
         # the target's confidence stands in for the draft's acceptance: read only where there is a draft
         confidence = top1(rows, self.sampling) if self.planner.wants_confidence and self.drafter is not None else ()
