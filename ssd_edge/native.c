@@ -269,6 +269,64 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
     return ok;
 }
 
+/* np.argmax of x[0..n-1] (n >= 1): the first index of its largest value, or of its first NaN where it has
+ * one. The groups' maxima (one vectorised pass), then the first group that holds the largest, value by
+ * value; the tail after the last whole group value by value. A NaN, or +inf, takes numpy's order pass. */
+static Py_ssize_t argmax_core(const float *x, Py_ssize_t n, float *bound) {
+    const Py_ssize_t groups = n / GROUP;
+    group_maxima(x, groups, bound);
+    float best = groups ? bound[0] : x[0];
+    Py_ssize_t at = 0;
+    for (Py_ssize_t g = 1; g < groups; g++)
+        if (bound[g] > best) {
+            best = bound[g];
+            at = g;
+        }
+    for (Py_ssize_t i = groups * GROUP; i < n; i++)
+        if (!(x[i] < INFINITY)) {  /* NaN or +inf in the tail */
+            best = INFINITY;
+            break;
+        }
+    if (best == INFINITY) {  /* a group with a NaN (or a +inf): numpy's answer, value by value */
+        Py_ssize_t top = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (x[i] != x[i]) return i;
+            if (x[i] > x[top]) top = i;
+        }
+        return top;
+    }
+    Py_ssize_t first = 0;
+    if (groups)
+        for (first = at * GROUP; x[first] != best; first++) {
+        }
+    for (Py_ssize_t i = groups ? groups * GROUP : 1; i < n; i++)  /* the tail wins only with a larger value */
+        if (x[i] > x[first]) first = i;
+    return first;
+}
+
+/* argmax(row) -> int: np.argmax of a float32 row (argmax_core) */
+static PyObject *argmax(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+    const Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
+    float *bound = n >= 1 ? malloc((size_t)(n / GROUP + 1) * sizeof(float)) : NULL;
+    if (bound == NULL) {
+        PyBuffer_Release(&buf);
+        if (n < 1) {
+            PyErr_SetString(PyExc_ValueError, "argmax of an empty row");
+            return NULL;
+        }
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t i;
+    Py_BEGIN_ALLOW_THREADS
+    i = argmax_core((const float *)buf.buf, n, bound);
+    Py_END_ALLOW_THREADS
+    free(bound);
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(i);
+}
+
 static PyObject *top_ids(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t k;
@@ -673,6 +731,7 @@ static PyMethodDef methods[] = {
     {"draw", draw, METH_VARARGS,
      "draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, "
      "or None: coupling.draw for top_k > 0, in one call."},
+    {"argmax", argmax, METH_VARARGS, "argmax(row: float32 buffer) -> int: np.argmax's answer (first of ties, a NaN first)."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "
      "to it ascending), or None (ties past its buffer, NaN): see ssd_edge/sampling.py."},

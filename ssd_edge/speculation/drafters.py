@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import SamplingConfig
-from ..coupling import draw, gumbel_draw
+from ..coupling import argmax, draw, gumbel_draw
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
@@ -167,7 +167,7 @@ class ModelDrafter:
         if self.saguaro[1] >= 1.0:  # q is the sampling distribution itself: the target's own kind of draw
             return draw(logits, self.sampling, self.seed, position)
         q = draft_probs(logits, self.sampling, *self.saguaro)
-        return int(np.argmax(logits)) if q is None else gumbel_draw(*q, self.seed, position)
+        return argmax(logits) if q is None else gumbel_draw(*q, self.seed, position)
 
     def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None,
                 go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:

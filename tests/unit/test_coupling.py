@@ -102,6 +102,43 @@ def test_the_compiled_draw_is_numpys():
                 assert compiled == int(ids[np.argmax(np.log(p) + g)])
 
 
+def test_the_compiled_argmax_is_numpys():
+    """coupling.argmax in C (native.argmax: the groups' maxima, then the first group holding the largest)
+    answers as np.argmax on rows of every length around its 512-value groups, at both pass widths: ties
+    to the first, the first NaN wherever one is, +inf, all -inf, the largest in the tail, ascending rows."""
+    if coupling.compiled_argmax is None:
+        pytest.skip("the compiled argmax is not built here")
+    from test_sampling import _scan_widths, _set_scan_width
+
+    rng = np.random.default_rng(13)
+    for width in _scan_widths():
+        before = _set_scan_width(width)
+        try:
+            for n in (1, 2, 511, 512, 513, 1024, 5000, 151_936):
+                for kind in range(9):
+                    x = rng.standard_normal(n).astype(np.float32)
+                    if kind == 1:
+                        x = np.round(x)                     # ties everywhere
+                    elif kind == 2:
+                        x[rng.integers(0, n, 3)] = np.nan   # NaNs: the first one
+                    elif kind == 3:
+                        x[rng.integers(0, n)] = np.inf
+                    elif kind == 4:
+                        x[:] = -np.inf
+                    elif kind == 5:
+                        x[-1] = x.max()                     # a tie in the tail: the earlier one
+                    elif kind == 6:
+                        x[-1] = x.max() + 1                 # the tail holds the largest
+                    elif kind == 7:
+                        x = np.sort(x)
+                    elif kind == 8:
+                        x[-1] = np.nan
+                    assert coupling.argmax(x) == int(np.argmax(x)), (width, n, kind)
+        finally:
+            _set_scan_width(before)
+    assert coupling.argmax(np.arange(5.0)) == 4  # float64: numpy's path
+
+
 def test_a_draw_in_one_compiled_call_is_the_support_then_the_gumbel_draw(monkeypatch):
     """coupling.draw with top-k on makes its support and its draw in one C call (native.draw): the token
     the two steps give in Python, and the one the numpy paths give, for rows with ties and masks, every
