@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from .config import EngineConfig, SamplingConfig
-from .coupling import Draws, fresh_seed
+from .coupling import Drawer, Draws, fresh_seed
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import ModelInfo
@@ -334,6 +334,7 @@ class Engine:
         message: str | None = None
         rounds = self._rounds(mode, cfg, s, seed, meter, cancel)
         step_ms = self._step_ms.setdefault(cfg.target.threads, Ema(None))
+        drawer = Drawer(s, seed)
         try:
             while reason is None:
                 room = cfg.n_ctx - len(history)  # the target's KV will hold history + draft
@@ -354,7 +355,7 @@ class Engine:
                 # The target's own draws (argmax, or coupled Gumbel-max over each row's candidates when
                 # sampling: coupling.py), made as verify reads them; a drafted token is accepted iff it
                 # equals the draw at its position.
-                targets = Draws(rows, s, seed, len(history))
+                targets = Draws(rows, drawer, len(history))
                 a, b = verify(draft.tokens, targets)
                 meter.first_token()
                 new = self._commit([*draft.tokens[:a], b], max_tokens - len(out), text)

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..config import SamplingConfig
-from ..coupling import argmax, draw, gumbel_draw
+from ..coupling import Drawer, argmax, gumbel_draw
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
@@ -147,6 +147,7 @@ class ModelDrafter:
         self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
         self.seed = seed
+        self._draw = Drawer(sampling, seed)  # the target's kind of draw, where q is the sampling distribution
         self.p_min = p_min
         self.busy = busy or BusyClock()
         self.saguaro = (saguaro_top, saguaro_factor)
@@ -165,7 +166,7 @@ class ModelDrafter:
         if cand is not None and self.sampling.greedy:
             return int(cand.ids[0])
         if self.saguaro[1] >= 1.0:  # q is the sampling distribution itself: the target's own kind of draw
-            return draw(logits, self.sampling, self.seed, position)
+            return self._draw(logits, position)
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return argmax(logits) if q is None else gumbel_draw(*q, self.seed, position)
 

@@ -48,16 +48,16 @@ def ngram_definition():
     return lambda: [mod.test_ngram_lookup_equals_the_plain_definition(lo, hi) for lo, hi in ((1, 4), (2, 4))]
 
 
-real_commit, real_truncate, real_adopt, real_propose, real_gumbel_draw, real_draw = (
-    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.gumbel_draw, coupling.draw)
+real_commit, real_truncate, real_adopt, real_propose, real_gumbel_draw, real_drawer = (
+    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.gumbel_draw, coupling.Drawer.__init__)
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
-    "sampling-temperature": (coupling, "draw", lambda row, s, seed, pos: real_draw(
-                                 row, s.model_copy(update={"temperature": s.temperature * 1.1}), seed, pos),
+    "sampling-temperature": (coupling.Drawer, "__init__", lambda self, s, seed: real_drawer(
+                                 self, s.model_copy(update={"temperature": s.temperature * 1.1}), seed),
                              distribution(FLAT)),
-    "sampling-min-p-dropped": (coupling, "draw", lambda row, s, seed, pos: real_draw(
-                                   row, s.model_copy(update={"min_p": 0.0}), seed, pos),
+    "sampling-min-p-dropped": (coupling.Drawer, "__init__", lambda self, s, seed: real_drawer(
+                                   self, s.model_copy(update={"min_p": 0.0}), seed),
                                distribution(FILTERED)),
     "coupling-shared-noise": (coupling, "gumbel_draw", lambda ids, p, seed, position: real_gumbel_draw(ids, p, seed, 0),
                               distribution(FLAT)),

@@ -75,9 +75,8 @@ def test_draws_are_made_as_verify_reads_them_and_equal_the_eager_draws(monkeypat
     s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05)
     eager = [coupling.draw(row, s, 9, 50 + j) for j, row in enumerate(rows)]
     made = []
-    real = coupling.draw
-    monkeypatch.setattr(coupling, "draw", lambda row, s, seed, pos: made.append(pos) or real(row, s, seed, pos))
-    draws = coupling.Draws(rows, s, 9, 50)
+    drawer = coupling.Drawer(s, 9)
+    draws = coupling.Draws(rows, lambda row, pos: made.append(pos) or drawer(row, pos), 50)
     draft = [eager[0], eager[1], (eager[2] + 1) % 300, eager[3], eager[4]]  # the third is rejected
     assert verify(draft, draws) == (2, eager[2])
     assert made == [50, 51, 52]  # nothing drawn past the recovery token
