@@ -17,7 +17,8 @@ When the outcome arrives, the SpeculationCache answers in O(1):
     partial : branch (a, b) was still growing -> its prefix is handed over; the engine's
               planner decides whether the worker drafts the rest (extend);
     miss    : no branch -> all branches dropped; the engine drafts just in time or
-              uses the backup speculator.
+              uses the backup speculator. An outcome the plan never ranked is a miss the
+              engine tells without waiting for the worker (which then drops its branches).
 Branches are grown best-first: the likeliest outcome alone (so it is ready
 soonest), then the others together in one batch per depth step. When the
 engine asks (the verification has ended, the target is idle), a branch decode
@@ -168,6 +169,18 @@ def _since(mark: tuple[float, int]) -> tuple[float, int]:
     return seconds - mark[0], rows - mark[1]
 
 
+def why_missed(outcome: tuple[int, int] | None, planned: set[tuple[int, int]] | frozenset[tuple[int, int]]) -> str:
+    """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS; `planned`: the
+    outcomes the round's plan ranked."""
+    if outcome is None:
+        return "off-path"  # the round did not end as a verify of the draft looked at
+    if outcome in planned:
+        return "not-ready"  # ranked, but the worker had not begun its branch when the verify ended
+    if any(a == outcome[0] for a, _ in planned):
+        return "wrong-token"  # the accepted count was prepared, with another next token
+    return "wrong-count" if planned else "none-ranked"  # nothing ranked above the floor and budget
+
+
 def _outcome(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, int] | None:
     """The verification outcome (a, b) that took history C + d to `history`: a draft tokens of d
     accepted, then the target's token b; None if `history` does not follow C that way."""
@@ -195,7 +208,9 @@ class PrespecWorker:
       abort flag;
     - lookup() reads _ready, the round's finished branches, which the worker
       publishes as one new tuple after each wave; a branch in it is never written
-      again, so the engine may hand its tokens over while the worker decodes.
+      again, so the engine may hand its tokens over while the worker decodes; and
+      _ranked, the outcomes the round's plan ranked (published once, before the
+      first wave): an outcome outside it is a miss the engine tells by itself.
     The drafter, its KVSeq and the draft context are the worker's; the engine
     reads drafter.kv only while the worker waits for a call (after an answer,
     before the next verifying(); never after a hit, whose adopt may be under way),
@@ -218,7 +233,11 @@ class PrespecWorker:
         # the finished branches of the round being verified, published by the worker as they finish:
         # (round, base, {(a, b): branch}); the engine hands one over without a call (lookup())
         self._ready: tuple[int, tuple[list[int], Draft], dict[tuple[int, int], Branch]] | None = None
+        # the outcomes the round's plan ranked, published once ranked: (round, base, outcomes); any other
+        # outcome is a miss the engine can tell without a call
+        self._ranked: tuple[int, tuple[list[int], Draft], frozenset[tuple[int, int]]] | None = None
         self._round = 0  # the engine's count of verifying() calls (the round a publication belongs to)
+        self._looked = 0  # the engine's: the round it last looked up
         self._round_no = 0  # the worker's copy: the round it prepares now
         self.error: BaseException | None = None
         self._abortable = False  # True while growing branches (a decode the engine may abort)
@@ -236,8 +255,10 @@ class PrespecWorker:
         finished branch for it is handed over at once, without waiting for the worker's decode in
         flight: the worker makes it the main sequence when that decode ends (adopt, queued before any
         later call). Anything else is the worker's to answer, between two of its decodes."""
+        fresh = self._looked != self._round  # the round's first lookup (none follows a round the worker sat out)
+        self._looked = self._round
         ready = self._ready  # one read: the worker replaces the tuple, never changes one
-        if ready is not None and ready[0] == self._round:
+        if fresh and ready is not None and ready[0] == self._round:
             _, base, done = ready
             outcome = _outcome(base, history)
             br = done.get(outcome) if outcome is not None else None
@@ -245,6 +266,15 @@ class PrespecWorker:
                 self._ready = None
                 self._inbox.put(("adopt", (list(history), k, br)))
                 return LookupResult("hit", br.draft(k), True)
+        ranked = self._ranked
+        if fresh and ranked is not None and ranked[0] == self._round:
+            _, base, planned = ranked
+            outcome = _outcome(base, history)
+            if outcome not in planned:  # no branch was ever begun for it: nothing to wait for
+                self._ranked = None
+                self._inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
+                self.meter.branches.add_miss(why_missed(outcome, planned))
+                return LookupResult("miss", None)
         return self._call("lookup", history, k)
 
     def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
@@ -305,12 +335,16 @@ class PrespecWorker:
                 if kind == "adopt":
                     self._adopt(*args)
                     continue
+                if kind == "missed":
+                    self.base = None
+                    self._drop_branches()
+                    continue
                 if self.error is not None:
                     raise self.error
                 result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
                 self._outbox.put(("ok", result, _since(decoded)))
             except BaseException as e:  # handed to the engine thread, raised there
-                if kind in ("verifying", "adopt"):  # nobody waits for these: the next call raises it
+                if kind in ("verifying", "adopt", "missed"):  # nobody waits for these: the next call raises it
                     self.error = e
                 else:
                     self._outbox.put(("err", e, _since(decoded)))
@@ -362,14 +396,7 @@ class PrespecWorker:
         self.meter.branches.add_used(min(len(br.tokens), k))
 
     def _why_missed(self, outcome: tuple[int, int] | None) -> str:
-        """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS."""
-        if outcome is None:
-            return "off-path"  # the round did not end as a verify of the draft looked at
-        if outcome in self._planned:
-            return "not-ready"  # ranked, but the worker had not begun its branch when the verify ended
-        if any(a == outcome[0] for a, _ in self._planned):
-            return "wrong-token"  # the accepted count was prepared, with another next token
-        return "wrong-count" if self._planned else "none-ranked"  # nothing ranked above the floor and budget
+        return why_missed(outcome, self._planned)
 
     def _extend(self, history: list[int], k: int) -> Draft:
         br, self._found = self._found, None
@@ -390,7 +417,7 @@ class PrespecWorker:
     def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
-        self._ready = None
+        self._ready = self._ranked = None
         self._round_no = round_no
         self._planned = set()  # the outcomes this round's plan ranked (a miss's reason reads it)
         if self._interrupted():
@@ -435,6 +462,8 @@ class PrespecWorker:
                              cells_per_branch=depth,
                              coupled=None if self.drafter.sampling.greedy else (self.drafter.seed, len(history)))
         self._planned = {(o.a, o.b) for o in plan}
+        # published: an outcome outside the plan is a miss the engine tells without asking (lookup())
+        self._ranked = (self._round_no, self.base, frozenset(self._planned))
         if not plan:
             return
         n = len(history)

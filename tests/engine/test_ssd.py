@@ -235,6 +235,32 @@ def test_a_hit_is_handed_over_at_once_while_the_other_branches_decode_on():
     assert draft_ctx.aborted <= len(lookups) - len(hits)
 
 
+def test_a_miss_the_plan_never_ranked_is_told_without_asking_the_worker(monkeypatch):
+    """A draft wrong in ways its own candidates do not predict: the target's token is never among the
+    outcomes ranked. The worker publishes its plan before the first branch decode; the engine tells
+    such a miss from it without a call (no wait for the worker, no abort of its decode), counts its
+    reason, and the worker drops its branches on a message nobody waits for."""
+    from ssd_edge.speculation.prespec import PrespecWorker
+
+    asked = []  # the worker's answers to lookups that found it preparing (not "none": it sat the round out)
+    real_call = PrespecWorker._call
+
+    def call(self, kind, *args):
+        out = real_call(self, kind, *args)
+        if kind == "lookup" and out.status != "none":
+            asked.append(out.status)
+        return out
+
+    monkeypatch.setattr(PrespecWorker, "_call", call)
+    eng, _ = fake_engine(disagree_every=-1, draft_delay=0.002, target_delay=0.02)
+    out = run(eng, "ssd", n=60)
+    st = out.stats.prespec
+    told = st.miss_reasons.get("wrong-token", 0) + st.miss_reasons.get("wrong-count", 0)
+    assert st.misses == st.lookups > 10 and told >= st.misses / 2
+    assert len(asked) <= st.lookups - told  # (a round whose plan was not out yet asks)
+    assert out.tokens == run(eng, "ar", n=60).tokens
+
+
 def test_threads_follow_the_mode_unless_pinned():
     eng, _ = fake_engine()
     eng.config = eng.config.model_copy(update={"threads_follow_mode": True})
