@@ -110,7 +110,8 @@ def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:
 def argmax(logits: np.ndarray) -> int:
     """np.argmax of one float32 row (the first of ties; the first NaN where there is one): in C where built,
     where it costs 28 us on a row fresh from a CPU decode, numpy 41 (its dispatch runs cold there too)."""
-    if compiled_argmax is not None and logits.dtype == np.float32 and logits.ndim == 1 and logits.flags.c_contiguous:
+    if compiled_argmax is not None and type(logits) is np.ndarray and logits.dtype == np.float32 and logits.ndim == 1 \
+            and logits.flags.c_contiguous:
         return compiled_argmax(logits)
     return int(np.argmax(logits))
 

@@ -135,7 +135,7 @@ def test_the_compiled_argmax_is_numpys():
                     assert coupling.argmax(x) == int(np.argmax(x)), (width, n, kind)
         finally:
             _set_scan_width(before)
-    assert coupling.argmax(np.arange(5.0)) == 4  # float64: numpy's path
+    assert coupling.argmax(np.arange(5.0)) == 4 and coupling.argmax([1.0, 3.0, 3.0]) == 1  # numpy's path
 
 
 def test_a_draw_in_one_compiled_call_is_the_support_then_the_gumbel_draw(monkeypatch):
