@@ -226,19 +226,14 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
     s.scratch = malloc((size_t)s.cap * sizeof(float));
     s.id = malloc((size_t)s.cap * sizeof(int64_t));
     const Py_ssize_t groups = n / GROUP;
-    float *bound = groups >= 2 * k ? malloc((size_t)groups * sizeof(float)) : NULL;
+    /* the groups' maxima, then a copy of them that the selection reorders */
+    float *bound = groups >= 2 * k ? malloc((size_t)groups * 2 * sizeof(float)) : NULL;
     int ok = (s.val && s.scratch && s.id) ? 1 : -1;
     Py_ssize_t i = 0;
     if (ok == 1 && bound != NULL) {  /* the groups' maxima, then t starts at the k-th largest of them */
         group_maxima(x, groups, bound);
-        float *sel = malloc((size_t)groups * sizeof(float));
-        if (sel == NULL) {
-            ok = -1;
-        } else {
-            memcpy(sel, bound, (size_t)groups * sizeof(float));
-            s.t = kth_largest(sel, groups, k);
-            free(sel);
-        }
+        memcpy(bound + groups, bound, (size_t)groups * sizeof(float));
+        s.t = kth_largest(bound + groups, groups, k);
         for (Py_ssize_t g = 0; ok == 1 && g < groups; g++) {
             if (!(bound[g] >= s.t)) continue;  /* nothing here reaches t, so nothing reaches the k-th */
             i = g * GROUP;

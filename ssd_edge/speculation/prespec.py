@@ -373,7 +373,7 @@ class PrespecWorker:
         br = self.cache.get(*outcome) if outcome is not None else None
         self._found = br
         if br is None:
-            self.meter.branches.add_miss(self._why_missed(outcome))
+            self.meter.branches.add_miss(why_missed(outcome, self._planned))
             self._drop_branches()
             return LookupResult("miss", None)
         self._take(history, k, br)
@@ -394,9 +394,6 @@ class PrespecWorker:
         held = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
         self.free_seqs.append(self.drafter.kv.adopt(br.seq, held))
         self.meter.branches.add_used(min(len(br.tokens), k))
-
-    def _why_missed(self, outcome: tuple[int, int] | None) -> str:
-        return why_missed(outcome, self._planned)
 
     def _extend(self, history: list[int], k: int) -> Draft:
         br, self._found = self._found, None
