@@ -306,6 +306,11 @@ class Planner:
             return Decision("plain", 0, 0.0)
         if not self.prefilled:  # the first token as fast as ar; a worker reads the prompt meanwhile
             return Decision("plain", 0, 0.0)
+        if not (offer.ngram and "ngram" in kinds) and not (offer.prepared is not None and "prepared" in kinds) \
+                and not (offer.draft and "draft" in kinds):  # nothing on offer but a plain step (no probe either)
+            rate = 1.0 / self.costs.step_ms()
+            self.log.append(("plain", 0, round(rate * 1e3, 2)))
+            return Decision("plain", 0, rate)
         verify, draft_step = self.costs.target.ms, self.costs.draft.ms(1)
         scored: list[tuple[float, Kind, int]] = [(1.0 / self.costs.step_ms() * (1.0 + PLAIN_MARGIN), "plain", 0)]
         if "ngram" in kinds and offer.ngram:

@@ -198,3 +198,39 @@ def test_a_guess_stops_where_go_on_stops():
     got = d.propose(history, 8, go_on=lambda j, p: (j < 3, False), guess=want.tokens)
     assert got.tokens == want.tokens[:3]
     assert d.timing[2] == 0  # every row it used came with the guess
+
+
+def _lookup_by_definition(h: list[int], k: int, lo: int, hi: int) -> tuple[tuple[int, ...], int]:
+    """The n-gram lookup spelled out: the longest n (hi down to lo) whose last-n tokens occurred
+    earlier, its latest earlier occurrence, what followed it, and how far back the two agree (<= 64)."""
+    for n in range(min(hi, len(h) - 1), max(lo, 1) - 1, -1):
+        for end in range(len(h) - 2, n - 2, -1):
+            if h[end - n + 1:end + 1] == h[-n:]:
+                start = end + 1
+                match = n
+                while match < min(64, start) and h[start - 1 - match] == h[-1 - match]:
+                    match += 1
+                return tuple(h[start:start + k]), match
+    return (), 0
+
+
+def test_ngram_index_answers_as_the_definition_as_history_grows_and_changes():
+    # The drafter indexes the history it last saw and extends it when a round only appends tokens;
+    # every answer must be the definition's, whether the history grew, restarted or was rewritten.
+    rng = np.random.default_rng(3)
+    for lo, hi in ((1, 4), (2, 3), (1, 1), (3, 5)):
+        d = NgramDrafter(lo, hi)
+        for _ in range(12):
+            h = [int(t) for t in rng.integers(0, 5, size=int(rng.integers(0, 6)))]
+            for _ in range(40):
+                h = h + [int(t) for t in rng.integers(0, 5, size=int(rng.integers(1, 4)))]
+                if rng.random() < 0.1:  # a rewritten tail (another generation on a shared prompt)
+                    h = h[:len(h) // 2] + [int(rng.integers(0, 5))]
+                k = int(rng.integers(1, 8))
+                got = d.propose(h, k)
+                want, match = _lookup_by_definition(h, k, lo, hi)
+                assert got.tokens == want, (lo, hi, h, k)
+                if want:
+                    assert got.match == match, (lo, hi, h)
+    # a tuple or an array is read as its list
+    assert NgramDrafter(1, 4).propose(np.array([1, 2, 3, 1, 2]), 2).tokens == (3, 1)
