@@ -132,6 +132,9 @@ class Drawer:
         self.s, self.seed, self.greedy = s, seed, s.greedy
         self._fused = None if self.greedy or compiled_draw is None or s.top_k <= 0 else \
             (s.top_k, s.top_p, s.min_p, s.temperature, int(seed) % (1 << 64))
+        # these draws as a backend's C loop of plain steps makes them (llama Context.steps: top_k 0 is the
+        # argmax); None where only this object can (top-k off, or no compiled extension)
+        self.native = (0, 0.0, 0.0, 0.0, 0) if self.greedy and compiled_argmax is not None else self._fused
 
     def __call__(self, row: np.ndarray, position: int) -> int:
         if self.greedy:

@@ -77,11 +77,15 @@ class LiveStats:
 
 @dataclass(frozen=True)
 class TokenEvent:
+    """What one round committed; in mode ar after the prompt, what the plain steps of one call committed
+    (the engine makes them in C, about a tenth of a second of them: `rounds` of them, `round` the last)."""
+
     text: str                       # text delta (may be "" while a UTF-8 char or stop string is pending)
     tokens: tuple[int, ...]
     provenance: tuple[Provenance, ...]  # one per token
     round: Round
     live: LiveStats
+    rounds: int = 1                 # the rounds this event's tokens come from (round.index is the last's)
 
 
 def _frozen(m: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -5,6 +5,9 @@
  * reference the tests hold these to; exp and log may differ from numpy's in the last bit); draw(row, top_k,
  * top_p, min_p, temperature, seed, position): the two in one call, the token alone handed back.
  *
+ * steps(...): mode ar's plain decoding steps in one call (llama_decode, then argmax_core or support_core and
+ * gumbel_core on its row, then the drawn token decoded next, ...), llama.cpp's functions by address.
+ *
  * spin(seconds): wait that long on this core, the interpreter's lock released, as a CUDA host thread
  * waits for its GPU (it spins: the core stays awake and its caches warm). The priced backend's wait.
  *
@@ -683,6 +686,122 @@ static PyObject *spin(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* llama.cpp's batch and the three functions steps() calls, as the pinned llama.h declares them (llama_token,
+ * llama_pos and llama_seq_id are int32_t; llama_cpp's ctypes mirror the same layout). Their addresses come
+ * from the loaded library at run time: this module links nothing of llama.cpp. */
+typedef struct {
+    int32_t n_tokens;
+    int32_t *token;
+    float *embd;
+    int32_t *pos;
+    int32_t *n_seq_id;
+    int32_t **seq_id;
+    int8_t *logits;
+} llama_batch_t;
+typedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch);
+typedef float *(*logits_fn)(void *ctx);
+typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
+
+/* steps(decode, get_logits, is_eog, ctx, vocab, batch, token, pos, seq, n_vocab, most, seconds, top_k, top_p,
+ *       min_p, temperature, seed) -> (drawn, rc, in_decode_s, decoded, undecided)
+ *
+ * Plain decoding in one call, the interpreter's lock released throughout: decode `token` at `pos` of
+ * sequence `seq` (one output), draw the next token from its row, decode that one, and so on, until `most`
+ * tokens are drawn, an end of generation is drawn, `seconds` have passed (looked at after each step), or a
+ * decode fails (rc: llama_decode's code; the tokens drawn before it stand). A draw is the engine's own:
+ * top_k 0 is greedy (argmax_core: np.argmax), else the coupled draw from the support (support_core then
+ * gumbel_core at the drawn token's position, pos + 1 for the first), as draw() makes it. Where a row's draw
+ * is not the C pass's to make (support_core's 0: NaN, ties past its buffer) the loop stops with
+ * undecided = 1: that row is the context's output row still, for the caller to draw from. in_decode_s: the
+ * seconds inside llama_decode and the logits read that synchronizes with it; decoded: decodes that ran. */
+static PyObject *steps(PyObject *self, PyObject *args) {
+    unsigned long long decode_p, logits_p, eog_p, ctx_p, vocab_p, batch_p, seed;
+    int token, pos, seq;
+    Py_ssize_t n_vocab, most, k;
+    double seconds, top_p, min_p, temperature;
+    if (!PyArg_ParseTuple(args, "KKKKKKiiinndndddK", &decode_p, &logits_p, &eog_p, &ctx_p, &vocab_p, &batch_p,
+                          &token, &pos, &seq, &n_vocab, &most, &seconds, &k, &top_p, &min_p, &temperature, &seed))
+        return NULL;
+    if (!decode_p || !logits_p || !eog_p || !ctx_p || !batch_p || n_vocab < 1 || most < 1 || k < 0 || k >= n_vocab ||
+        (k > 0 && !(temperature > 0.0))) {
+        PyErr_SetString(PyExc_ValueError, "steps: null function or context, an empty vocabulary, most < 1, or "
+                                          "top_k outside 0..n_vocab-1 (or a sampled draw at temperature <= 0)");
+        return NULL;
+    }
+    const decode_fn decode = (decode_fn)(uintptr_t)decode_p;
+    const logits_fn get_logits = (logits_fn)(uintptr_t)logits_p;
+    const is_eog_fn is_eog = (is_eog_fn)(uintptr_t)eog_p;
+    void *ctx = (void *)(uintptr_t)ctx_p;
+    const void *vocab = (const void *)(uintptr_t)vocab_p;
+    llama_batch_t b = *(const llama_batch_t *)(uintptr_t)batch_p;  /* its arrays are the context's batch buffer */
+    int32_t *drawn = malloc((size_t)most * sizeof(int32_t));
+    float *bound = malloc((size_t)(n_vocab / GROUP + 1) * sizeof(float));
+    if (drawn == NULL || bound == NULL) {
+        free(drawn);
+        free(bound);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n = 0, decoded = 0;
+    int rc = 0, status = 1;  /* status: support_core's (1 decided, 0 undecided, -1 out of memory) */
+    double in_decode = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    const double start = now_s();
+    int32_t t = token, p = pos;
+    for (;;) {
+        b.n_tokens = 1;
+        b.token[0] = t;
+        b.pos[0] = p;
+        b.n_seq_id[0] = 1;
+        b.seq_id[0][0] = seq;
+        b.logits[0] = 1;
+        const double t0 = now_s();
+        rc = decode(ctx, b);
+        const float *row = rc == 0 ? get_logits(ctx) : NULL;
+        in_decode += now_s() - t0;
+        if (rc != 0) break;
+        decoded++;
+        int64_t next;
+        if (k == 0) {
+            next = argmax_core(row, n_vocab, bound);
+        } else {
+            int64_t *idx;
+            double *pr;
+            Py_ssize_t m = 0;
+            status = support_core(row, n_vocab, k, top_p, min_p, temperature, &idx, &pr, &m);
+            next = status == 1 ? (m == 1 ? idx[0] : gumbel_core(idx, pr, m, seed, (uint64_t)p + 1)) : 0;
+            free(idx);
+            free(pr);
+            if (status != 1) break;
+        }
+        drawn[n++] = (int32_t)next;
+        if (n >= most || is_eog(vocab, (int32_t)next) || now_s() - start >= seconds) break;
+        t = (int32_t)next;
+        p++;
+    }
+    Py_END_ALLOW_THREADS
+    free(bound);
+    if (status < 0) {
+        free(drawn);
+        return PyErr_NoMemory();
+    }
+    PyObject *list = PyList_New(n);
+    if (list == NULL) {
+        free(drawn);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLong(drawn[i]);
+        if (v == NULL) {
+            Py_DECREF(list);
+            free(drawn);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, v);
+    }
+    free(drawn);
+    return Py_BuildValue("(Nidni)", list, rc, in_decode, decoded, status == 0);
+}
+
 /* scan_width() -> 4 or 8: how wide the top-k pass tests values; scan_width(w) sets it (8 only where the
  * CPU has AVX; the tests run both) and returns the width before */
 static PyObject *scan_width(PyObject *self, PyObject *args) {
@@ -726,6 +845,10 @@ static PyMethodDef methods[] = {
     {"draw", draw, METH_VARARGS,
      "draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, "
      "or None: coupling.draw for top_k > 0, in one call."},
+    {"steps", steps, METH_VARARGS,
+     "steps(decode, get_logits, is_eog, ctx, vocab, batch, token, pos, seq, n_vocab, most, seconds, top_k, top_p, "
+     "min_p, temperature, seed) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
+     "(llama.cpp's functions by address; top_k 0: greedy)."},
     {"argmax", argmax, METH_VARARGS, "argmax(row: float32 buffer) -> int: np.argmax's answer (first of ties, a NaN first)."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "

@@ -211,7 +211,8 @@ def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling: Sa
     fin = None
     for ev in engine.generate(tokens=prompt, max_tokens=max_tokens, mode=mode, sampling=sampling):
         if isinstance(ev, TokenEvent):
-            rounds.append((len(out), ev.round.drafted))
+            # an event of plain steps made in one call (mode ar) carries several rounds: one token each
+            rounds.extend((len(out) + i, ev.round.drafted) for i in range(ev.rounds))
             out.extend(ev.tokens)
             prov.extend(ev.provenance)
         else:

@@ -37,6 +37,11 @@ from .library import (capture_log, gpu_offload_supported, init, ll, llama_cpp_ve
 from .rpc import probe
 from .rpc_guard import GUARD
 
+try:  # plain steps in one C call (Context.steps); without the extension, each step is a round of the engine's
+    from ..native import steps as native_steps
+except ImportError:  # pragma: no cover - a build without the extension
+    native_steps = None
+
 __all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "TextStream", "check_gguf_file",
            "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "rpc_supported",
            "system_info"]
@@ -257,6 +262,11 @@ def _floats_at(address: int, n: int) -> np.ndarray:
     return np.frombuffer(arr.from_address(address), dtype=np.float32)
 
 
+def _address(ptr: Any) -> int:
+    """A C pointer from llama_cpp (an int, or a ctypes pointer object) as an int."""
+    return ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
+
+
 def _logits_address() -> Any:
     """llama_get_logits as a foreign function of its own that returns the buffer's address as an int (not
     llama_cpp's, whose float pointer costs an object and a cast on every decode; llama_cpp's is untouched)."""
@@ -312,6 +322,7 @@ class Context:
         self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
         self._logits_address = _logits_address()
         self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> the rows over the output buffer
+        self._step_fns: tuple[int, ...] | None = None  # what steps() hands native.steps, found at its first call
         self.abort = AbortFlag()
         ll.llama_set_abort_callback(self.ptr, self.abort.callback, self.abort.data)
         self._closed = False
@@ -361,13 +372,46 @@ class Context:
         else:
             rc, rows, took = self._decode_into(b, logits_for, view)
         DECODES.add(took, len(rows))  # on the calling thread, whichever ran the C call
+        self._check(rc, n)
+        return rows
+
+    def _check(self, rc: int, n: int) -> None:
+        """Raise what llama_decode's code `rc` for a batch of n tokens means (0: nothing)."""
         if rc == 2:
             raise Aborted()
         if rc == 1:
             raise ContextFullError(f"no KV cache slot for a batch of {n} tokens (context {self.n_ctx} full)")
         if rc != 0:
             raise DecodeError(f"llama_decode failed with code {rc} ({self.model.path.name})")
-        return rows
+
+    def steps(self, token: int, pos: int, seq: int, most: int, seconds: float,
+              draws: tuple[int, float, float, float, int]) -> tuple[list[int], np.ndarray | None, float] | None:
+        """Plain decoding steps in one C call (native.steps), none of them through Python: decode `token`
+        at `pos` of `seq`, draw the next token from its row, decode that one, ..., until `most` tokens are
+        drawn, an end of generation is, or `seconds` have passed (looked at after each step). draws:
+        (top_k, top_p, min_p, temperature, seed), top_k 0 for greedy: coupling.Drawer.native, whose draws
+        these are. Returns (drawn, row, seconds in decodes): every drawn token but the last was decoded
+        after it; row, where not None, is the output row of the last decode, whose draw the C pass left to
+        the caller (NaN, ties past its buffer: a view, valid until the next decode). None where this
+        context cannot (no compiled extension; an --rpc target, whose decodes go through the guard).
+        A decode that fails after the first ends the steps with what was drawn; the next call meets it."""
+        if native_steps is None or self._endpoints or not 0 <= draws[0] < self.model.n_vocab:
+            return None
+        most = min(most, self.n_ctx - pos)
+        if most < 1:
+            raise ContextFullError(f"context of {self.n_ctx} tokens is full")
+        if self._step_fns is None:
+            lib = ll.llama_cpp._lib
+            self._step_fns = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
+                                   ("llama_decode", "llama_get_logits", "llama_vocab_is_eog")) + (
+                _address(self.ptr), _address(self.model.vocab), ctypes.addressof(self._batch))
+        drawn, rc, took, decoded, undecided = native_steps(*self._step_fns, token, pos, seq, self.model.n_vocab,
+                                                           most, seconds, *draws)
+        DECODES.add(took, decoded)
+        if not drawn and not undecided:
+            self._check(rc, 1)
+        row = _floats_at(self._logits_address(self.ptr), self.model.n_vocab) if undecided else None
+        return drawn, row, took
 
     def _decode_into(self, b: Any, logits_for: Sequence[int], view: bool) -> tuple[int, np.ndarray, float]:
         """llama_decode, then the wanted logit rows: a view of llama.cpp's output buffer (its outputs are

@@ -6,6 +6,7 @@ operations change `tokens` (read it anywhere, edit it nowhere else):
 
     feed(full)         make the sequence hold `full` (keeps the cached prefix, decodes the rest)
     step(token)        decode one token at the next position, append it, return its logit row
+    steps(full, ...)   plain decoding steps after `full` in one call of the context, where it has one
     truncate(n)        keep the first n tokens (rolling back rejected ones: one seq_rm, one slice)
     adopt(seq, tokens) become sequence `seq`, which holds `tokens` already (an SSD branch handed over)
     move_to(seq)       carry the cells and tokens over to sequence `seq`
@@ -16,12 +17,15 @@ one becomes the draft's main sequence only through adopt().
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from ..errors import ContextFullError
 from ..interface import BackendContext
+
+if TYPE_CHECKING:
+    from ..coupling import Drawer
 
 
 class Cancelled(Exception):
@@ -93,6 +97,26 @@ class KVSeq:
         self.ctx.seq_cp(self.seq, seq, 0, -1)
         self.ctx.seq_rm(self.seq, 0, -1)
         self.seq = seq
+
+    def steps(self, full: list[int], most: int, seconds: float, drawer: Drawer) -> tuple[list[int], float] | None:
+        """Plain steps after `full` in one call of the context (a llama Context's steps(): decode full's
+        last token, draw the next with `drawer`'s settings, decode it, ...; at most `most` tokens, an end of
+        generation, or about `seconds`), where it has one and the cache holds all of `full` but its last
+        token. Returns (the tokens drawn, the seconds in decodes); the cache then holds full and every
+        drawn token but the last. None where the context cannot: the caller steps a round at a time."""
+        steps = getattr(self.ctx, "steps", None)
+        held = len(self._tokens)
+        if steps is None or drawer.native is None or len(full) != held + 1 or full[:held] != self._tokens:
+            return None
+        got = steps(full[-1], held, self.seq, most, seconds, drawer.native)
+        if got is None:
+            return None
+        drawn, row, took = got
+        if row is not None:  # a draw the C pass left to Python (NaN, ties past its buffer): the drawer's
+            drawn.append(drawer(row, held + len(drawn) + 1))
+        self._tokens.append(full[-1])
+        self._tokens.extend(drawn[:-1])
+        return drawn, took
 
     def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None,
              chunk: int | None = None) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
 import threading
 import time
 
@@ -12,6 +14,7 @@ from ssd_edge.errors import ConfigError, ContextFullError
 from ssd_edge.events import FinishEvent, TokenEvent
 
 SPEC_MODES = ("sd", "lookup", "ssd")
+native_built = importlib.util.find_spec("ssd_edge.native") is not None
 
 COUNTING = "Count from 1 to 500, separated by commas: 1, 2, 3, 4, 5,"
 
@@ -36,7 +39,13 @@ def test_event_stream_invariants(small_engine, mode):
                                                                         "sla-cut")
         assert set(e.provenance) <= {"target", "draft", "prespec", "ngram"}
         assert e.provenance[-1] == "target" or len(fin.tokens) == e.live.tokens  # last is the target's, unless cut
-    assert [e.round.index for e in toks] == list(range(len(toks)))
+    # each event carries the rounds since the last: one, or in ar the plain steps made in one C call
+    assert [e.round.index + 1 for e in toks] == list(itertools.accumulate(e.rounds for e in toks))
+    assert fin.stats.rounds == sum(e.rounds for e in toks)
+    if mode == "ar" and native_built:
+        assert any(e.rounds > 1 for e in toks)  # the steps after the prompt ran in C
+    else:
+        assert all(e.rounds == 1 for e in toks)
     assert fin.stats.tokens == 40 and fin.stats.mode == mode
     if mode != "ar":
         assert fin.stats.drafted > 0  # speculation really ran
@@ -184,3 +193,35 @@ def test_configure_budget_down_and_back_up(small_engine):
             small_engine.configure(budget_cells=loaded + 1)
     finally:
         small_engine.configure(budget_cells=loaded)
+
+
+@pytest.mark.real
+@pytest.mark.skipif(not native_built, reason="needs ssd_edge.native (built by pip install)")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_steps_in_c_are_the_rounds_own_tokens(small_engine, monkeypatch, temperature):
+    """Mode ar's steps after the prompt run in one C call each (Engine._steps, native.steps); with them
+    switched off every step is a round of the engine's Python loop. The two must give the same tokens,
+    text and ending, greedy and sampled, ending on an end of generation, a stop string, or the length,
+    each from an empty cache (a cached prefix changes the first batch: tests/lossless_check.py)."""
+    from ssd_edge.config import SamplingConfig
+    from ssd_edge.engine import Engine
+
+    s = SamplingConfig(temperature=temperature, seed=3)
+    cases = [dict(messages=[{"role": "user", "content": m}], max_tokens=64)
+             for m in ("Name a colour.", "Say hello.", "What is 2+2?")]
+    cases.append(dict(prompt=COUNTING, max_tokens=60, stop=[" 12,"]))
+    endings = set()
+    for case in cases:
+        runs = []
+        for c_steps in (True, False):
+            with monkeypatch.context() as m:
+                if not c_steps:
+                    m.setattr(Engine, "_steps", lambda *args: None)
+                small_engine.target_kv.truncate(0)
+                toks, fin = events(small_engine, mode="ar", sampling=s, **case)
+            runs.append((fin.tokens, fin.text, fin.stop_reason, fin.stats.tokens, fin.stats.rounds, len(toks)))
+        (tokens, text, reason, n, rounds, n_events), rounds_path = runs
+        assert (tokens, text, reason, n, rounds) == rounds_path[:5], case
+        assert n_events < rounds_path[5] or rounds <= 2  # the C path made several steps an event
+        endings.add(reason)
+    assert endings == {"eos", "length", "stop"}
