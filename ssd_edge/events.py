@@ -87,6 +87,12 @@ class TokenEvent:
     live: LiveStats
     rounds: int = 1                 # the rounds this event's tokens come from (round.index is the last's)
 
+    @property
+    def wall_ms(self) -> float:
+        """The wall time of the rounds this event carries (plain steps made in one call are timed together:
+        each of their rounds has the mean)."""
+        return self.round.wall_ms * self.rounds
+
 
 def _frozen(m: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(m))

@@ -266,7 +266,7 @@ class SSDEdgeApp(App[int]):
                 for prov, text in item.spans:
                     self.reply.add(prov, text)
                     grew = True
-                self.live.observe(item.round, item.n_tokens, item.live)
+                self.live.observe(item.round, item.n_tokens, item.live, item.wall_ms)
             elif isinstance(item, Failure):
                 self.reply.note = "error: " + item.message
                 self.live.finish(None)

@@ -35,15 +35,18 @@ class LiveModel:
         for d in self._latency.values():
             d.clear()
 
-    def observe(self, rnd: Round, n_tokens: int, live: LiveStats) -> None:
+    def observe(self, rnd: Round, n_tokens: int, live: LiveStats, wall_ms: float | None = None) -> None:
+        """An event's `n_tokens` in `wall_ms` (default: its round's; several rounds' for plain steps made in
+        one call, whose last is `rnd`)."""
+        wall_ms = rnd.wall_ms if wall_ms is None else wall_ms
         self.live = live
-        self._recent.append((n_tokens, rnd.wall_ms))
+        self._recent.append((n_tokens, wall_ms))
         ms = sum(w for _, w in self._recent)
         self.rate_now = 1e3 * sum(n for n, _ in self._recent) / ms if ms > 0 else None
         if self.rate_now is not None:
             self.rates.append(self.rate_now)
         if n_tokens:
-            per_token = rnd.wall_ms / n_tokens
+            per_token = wall_ms / n_tokens
             self._latency["all"].append(per_token)
             if rnd.prespec == "hit":
                 self._latency["hit"].append(per_token)

@@ -29,8 +29,9 @@ class Chunk:
 
     spans: tuple[tuple[str, str], ...]  # (provenance, text) in order
     n_tokens: int
-    round: Round
+    round: Round      # the last of the event's rounds
     live: LiveStats
+    wall_ms: float    # the event's rounds' wall time (TokenEvent.wall_ms)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def run_generation(engine: Any, messages: list[dict[str, str]], max_tokens: int,
     try:
         for ev in engine.generate(messages=messages, max_tokens=max_tokens, cancel=cancel):
             if isinstance(ev, TokenEvent):
-                outbox.put(Chunk(seg.split(ev), len(ev.tokens), ev.round, ev.live))
+                outbox.put(Chunk(seg.split(ev), len(ev.tokens), ev.round, ev.live, ev.wall_ms))
             else:
                 outbox.put(ev)
     except Exception as e:  # everything reaches the user as a line, not a traceback

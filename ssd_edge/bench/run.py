@@ -170,11 +170,11 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
                 if isinstance(ev, FinishEvent):
                     finish = ev
                     break
-                r = ev.round  # the last of ev.rounds (several: plain steps made in one call, each r's size)
+                r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call)
                 modes_run[r.mode] += ev.rounds
                 spec_rounds += r.drafted > 0
                 if r.index > 0 and ev.tokens:  # the first round carries the prompt's prefill (TTFT)
-                    latencies.extend([r.wall_ms * ev.rounds / len(ev.tokens)] * len(ev.tokens))
+                    latencies.extend([ev.wall_ms / len(ev.tokens)] * len(ev.tokens))
         finally:
             gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
     assert finish is not None

@@ -85,12 +85,12 @@ class Monitor:
 
     # ------------------------------------------------------------ written by the worker thread
     def token_event(self, ev: TokenEvent) -> None:
-        r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call, each r's size)
+        r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call)
         self.rounds.labels(PROPOSER.get(r.speculator, r.speculator)).inc(ev.rounds)
         for source in ev.provenance:
             self.completion_tokens.labels(source).inc()
         if ev.tokens:
-            per_token = r.wall_ms * ev.rounds / 1e3 / len(ev.tokens)
+            per_token = ev.wall_ms / 1e3 / len(ev.tokens)
             hist = self.token_latency.labels(r.prespec or "none")
             for _ in ev.tokens:
                 hist.observe(per_token)
