@@ -711,8 +711,9 @@ typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
  * decode fails (rc: llama_decode's code; the tokens drawn before it stand). A draw is the engine's own:
  * top_k 0 is greedy (argmax_core: np.argmax), else the coupled draw from the support (support_core then
  * gumbel_core at the drawn token's position, pos + 1 for the first), as draw() makes it. Where a row's draw
- * is not the C pass's to make (support_core's 0: NaN, ties past its buffer) the loop stops with
- * undecided = 1: that row is the context's output row still, for the caller to draw from. in_decode_s: the
+ * is not the C pass's to make (support_core's 0: NaN, ties past its buffer; or its -1, out of memory) the
+ * loop stops with undecided = 1: that row is the context's output row still, for the caller to draw from
+ * (what was decoded stays decoded, and the caller knows it). in_decode_s: the
  * seconds inside llama_decode and the logits read that synchronizes with it; decoded: decodes that ran. */
 static PyObject *steps(PyObject *self, PyObject *args) {
     unsigned long long decode_p, logits_p, eog_p, ctx_p, vocab_p, batch_p, seed;
@@ -742,7 +743,7 @@ static PyObject *steps(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     Py_ssize_t n = 0, decoded = 0;
-    int rc = 0, status = 1;  /* status: support_core's (1 decided, 0 undecided, -1 out of memory) */
+    int rc = 0, status = 1;  /* support_core's answer: 1 drawn, 0 not its to draw, -1 out of memory */
     double in_decode = 0.0;
     Py_BEGIN_ALLOW_THREADS
     const double start = now_s();
@@ -780,10 +781,6 @@ static PyObject *steps(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     free(bound);
-    if (status < 0) {
-        free(drawn);
-        return PyErr_NoMemory();
-    }
     PyObject *list = PyList_New(n);
     if (list == NULL) {
         free(drawn);
@@ -799,7 +796,7 @@ static PyObject *steps(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(list, i, v);
     }
     free(drawn);
-    return Py_BuildValue("(Nidni)", list, rc, in_decode, decoded, status == 0);
+    return Py_BuildValue("(Nidni)", list, rc, in_decode, decoded, status != 1);
 }
 
 /* scan_width() -> 4 or 8: how wide the top-k pass tests values; scan_width(w) sets it (8 only where the
