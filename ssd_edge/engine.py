@@ -340,6 +340,7 @@ class Engine:
         rounds = self._rounds(mode, cfg, s, seed, meter, cancel)
         step_ms = self._step_ms.setdefault(cfg.target.threads, Ema(None))
         drawer = Drawer(s, seed)
+        stepping = rounds.plain  # mode ar: plain steps in one C call each where the target can (_steps)
         try:
             while reason is None:
                 room = cfg.n_ctx - len(history)  # the target's KV will hold history + draft
@@ -347,8 +348,9 @@ class Engine:
                     reason, message = ("cancelled", None) if cancel.is_set() else \
                         ("context", f"the context of {cfg.n_ctx} tokens is full")
                     break
-                if rounds.plain and len(history) > len(prompt):  # ar after the prompt: steps in one C call
+                if stepping and len(history) > len(prompt):  # ar after the prompt: steps in one C call
                     chunk = self._steps(history, room, max_tokens - len(out), drawer, step_ms, meter, text)
+                    stepping = chunk is not None  # if not, this target cannot (--rpc, priced, top-k off): rounds
                     if chunk is not None:
                         new, rnd, steps = chunk
                         reason = new.reason
