@@ -198,6 +198,7 @@ class Planner:
         # doublings of IDLE_EVERY (IDLE_QUIET): one to start with where the profile found the worker quiet
         self.idle_backoff = int(self.costs.contention <= IDLE_QUIET)
         self._compared = 0                                         # busy-vs-idle comparisons at the last rest
+        self._draft_alphas: dict[int, float] = {}                  # alpha("draft", i) until the next observe()
         self.prefilled = False                                     # the prompt's round has run
         self.shadow = NgramShadow(ngram, ngram_cap) if ngram is not None and "ngram" in menu.kinds else None
         self.decisions: dict[str, int] = {}
@@ -210,7 +211,18 @@ class Planner:
 
     # ------------------------------------------------------------ estimates
     def alpha(self, kind: Kind, i: int) -> float:
-        """P(position i accepted | the ones before were). A position never yet reached (drafts were
+        """P(position i accepted | the ones before were); the draft's, computed once between two
+        observe() calls (a round asks for each position several times: its plan, the outcomes the
+        worker ranks, the SSD window)."""
+        if kind == "ngram":
+            return self._alpha(kind, i)
+        a = self._draft_alphas.get(i)
+        if a is None:
+            a = self._draft_alphas[i] = self._alpha(kind, i)
+        return a
+
+    def _alpha(self, kind: Kind, i: int) -> float:
+        """alpha() as estimated now. A position never yet reached (drafts were
         shorter) takes the estimate of the deepest one measured: acceptance along a draft is flat or
         rising past its first token, and without this a draft could never grow past the lengths
         it started at. Likewise a draft position not reached for a while fades into the estimate of
@@ -467,6 +479,7 @@ class Planner:
         (busy: with the worker drafting beside it), and the target's top-1 probability at the
         committed positions (accepted drafts, then its own) where wants_confidence: at each (a
         sequence), or at some of them (index -> probability: Rounds reads the first and the last)."""
+        self._draft_alphas.clear()  # everything alpha() reads of the draft changes here alone
         top1 = committed_top1 if isinstance(committed_top1, Mapping) else dict(enumerate(committed_top1))
         for p in top1.values():
             self.confidence.add(p)

@@ -98,14 +98,15 @@ class Rounds:
         looked = self._lookup(history, room)
         status = looked.status if looked is not None and looked.status != "none" else None
         hit = status in ("hit", "partial")
-        ngram = self.planner.ask_ngram(history) if "ngram" in self.planner.menu.kinds else EMPTY
-        offered_ngram = ngram if self.mode != "ssd" or (self.policy is not None and self.policy.backup_ready) else EMPTY
+        # ssd's n-gram backup is asked only when a streak of misses offers it (nothing else reads it there)
+        offered = self.mode != "ssd" or (self.policy is not None and self.policy.backup_ready)
+        ngram = self.planner.ask_ngram(history) if offered and "ngram" in self.planner.menu.kinds else EMPTY
         # what the draft has not read of the history (it drafts after reading it); after a hit the
         # branch holds it all, and the worker may be making the branch its main sequence right now
         kv = self.drafter.kv if self.drafter is not None and not hit else None
         unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
         d = self.decision = self.planner.plan(Offer(
-            room, remaining, ngram=len(offered_ngram), draft=self.drafter is not None, draft_unread=unread,
+            room, remaining, ngram=len(ngram), draft=self.drafter is not None, draft_unread=unread,
             prepared=len(looked.draft) if hit else None, prepared_done=hit and looked.finished))
         if status is not None:  # the worker prepared this round: did the plan use it?
             self.planner.observe_lookup(d.kind == "prepared")
@@ -117,7 +118,8 @@ class Rounds:
             return None
         looked = self.worker.lookup(history, min(self.planner.caps["prepared"], room))
         if looked.status != "none" and self.policy is not None:
-            acceptance = float(np.mean([self.planner.alpha("draft", i) for i in range(self.planner.caps["draft"])]))
+            cap = self.planner.caps["draft"]
+            acceptance = sum(self.planner.alpha("draft", i) for i in range(cap)) / cap
             self.policy.observe_lookup(looked.status, acceptance)  # the window and rollback follow the hit rate
         return looked
 

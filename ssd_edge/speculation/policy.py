@@ -98,7 +98,7 @@ class PrespecPolicy:
         return self.miss_streak >= self.cfg.backup_after_misses
 
     def hit_rate(self) -> float | None:
-        return float(np.mean(self.recent_hits)) if self.recent_hits else None
+        return sum(self.recent_hits) / len(self.recent_hits) if self.recent_hits else None
 
     def snapshot(self, p_accept: np.ndarray, depth: int) -> PolicySnapshot:
         return PolicySnapshot(p_accept, self.fanout, depth)
