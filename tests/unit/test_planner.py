@@ -674,3 +674,23 @@ def test_a_draft_reads_an_ngram_copy_as_its_guess_where_that_saves_steps():
     assert sure.kind == "draft" and sure.m > 4 and sure.guess == sure.m - 1  # every row the planned draft uses
     assert guessing(0.8).plan(Offer(16, remaining=200, draft=True)).guess == 0  # no copy on offer
     assert guessing(0.0).plan(Offer(16, remaining=200, ngram=16, draft=True)).guess == 0  # a copy that never holds
+
+
+def test_the_rounds_acceptances_are_what_the_estimate_says_after_every_observation():
+    """alpha('draft', i) is worked out once between two observe() calls (a round asks for it in its
+    plan, the SSD window and the outcome ranking): after every kind of observation it must still be
+    the estimate computed afresh, and it must move when an observation moves the estimate."""
+    p = planner(cap=8, draft_ms=15.0, curve=FLAT)
+    seen = []
+    rounds = [("draft", 8, 8, [0.9] * 9), ("plain", 0, 0, [0.99]), ("draft", 8, 2, [0.5] * 3),
+              ("prepared", 8, 5, [0.8] * 6), ("ngram", 4, 1, [0.7] * 2)] * 6
+    for kind, drafted, accepted, top1 in rounds:
+        before = [p.alpha("draft", i) for i in range(10)]  # past the cap too: the deepest one measured
+        p.plan(Offer(8, draft=True))  # a round's own questions change nothing alpha reads
+        assert [p.alpha("draft", i) for i in range(10)] == before
+        p.observe(kind, drafted, accepted, p.costs.target.ms(drafted + 1), top1)
+        after = [p.alpha("draft", i) for i in range(10)]
+        assert after == [p._alpha("draft", i) for i in range(10)]
+        seen.append(after)
+    assert len({tuple(a) for a in seen}) > 5  # the estimates moved with the rounds
+    assert p.p_accept(8).sum() == pytest.approx(1.0)
