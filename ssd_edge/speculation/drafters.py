@@ -124,9 +124,9 @@ def _match_length(h: Sequence[int], start: int, n: int) -> int:
     span = min(MATCH_CAP, start)
     if span <= n:
         return n
-    # before the earlier occurrence and before the end of the history, nearest first
-    return common_prefix(list(h[start - 1:start - span - 1 if start > span else None:-1]),
-                         list(h[len(h) - 1:len(h) - span - 1:-1]))
+    before_match = list(h[start - span:start])[::-1]  # before the earlier occurrence, nearest first
+    before_end = list(h[len(h) - span:])[::-1]       # before the end of the history, nearest first
+    return common_prefix(before_match, before_end)
 
 
 def draft_probs(logits: np.ndarray, s: SamplingConfig, saguaro_top: int = 2, saguaro_factor: float = 1.0
