@@ -46,7 +46,10 @@ def hit_rate_health(rate: float | None) -> Health:
 
 @dataclass(frozen=True)
 class Round:
-    """One verification round (in plain decoding: one target step)."""
+    """One round as data: what was proposed, what the target made of it, and how long each part took.
+    A verify round commits its accepted draft tokens and then the target's own; a plain round
+    (nothing drafted) is one target step, or in mode ar after the prompt the `steps` steps of one C
+    call (engine.py), one token each."""
 
     index: int
     mode: str                       # the mode that ran this round: ar, sd, lookup, ssd
@@ -54,9 +57,12 @@ class Round:
     prespec: PrespecOutcome | None  # SSD only: how the pre-speculation cache answered
     drafted: int
     accepted: int
-    wall_ms: float                  # the whole round, as the caller saw it
-    verify_ms: float                # target decode time
+    wall_ms: float                  # the whole round, as the caller saw it (all its steps)
+    verify_ms: float                # target decode time (all its steps)
     draft_wait_ms: float            # time the loop waited for a draft
+    tokens: tuple[int, ...] = ()    # what the round added to the history: accepted draft tokens, the target's
+    provenance: tuple[Provenance, ...] = ()  # one per token
+    steps: int = 1                  # target steps it stands for (a plain run made in one C call: several)
 
 
 @dataclass(frozen=True)
@@ -77,21 +83,24 @@ class LiveStats:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """What one round committed; in mode ar after the prompt, what the plain steps of one call committed
-    (the engine makes them in C, about a tenth of a second of them: `rounds` of them, `round` the last)."""
+    """What one round committed (in mode ar after the prompt, a plain run: the steps of one C call,
+    about a tenth of a second of them)."""
 
     text: str                       # text delta (may be "" while a UTF-8 char or stop string is pending)
-    tokens: tuple[int, ...]
+    tokens: tuple[int, ...]         # the round's tokens the answer keeps
     provenance: tuple[Provenance, ...]  # one per token
     round: Round
     live: LiveStats
-    rounds: int = 1                 # the rounds this event's tokens come from (round.index is the last's)
+
+    @property
+    def rounds(self) -> int:
+        """The target steps this event's tokens come from (Round.steps: several for a plain run)."""
+        return self.round.steps
 
     @property
     def wall_ms(self) -> float:
-        """The wall time of the rounds this event carries (plain steps made in one call are timed together:
-        each of their rounds has the mean)."""
-        return self.round.wall_ms * self.rounds
+        """The wall time of the round this event carries."""
+        return self.round.wall_ms
 
 
 def _frozen(m: Mapping[str, Any]) -> Mapping[str, Any]:

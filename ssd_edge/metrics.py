@@ -105,6 +105,7 @@ class Meter:
         self.n_prompt = 0
         self.tokens = 0
         self.rounds: list[Round] = []
+        self.steps = 0  # the rounds' target steps (a plain run of one C call stands for several)
         self.accepted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting pos i
         self.drafted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)   # drafted_at[i]: rounds drafting pos i
         self.drafted = self.accepted = 0  # their sums, kept as they grow (read every round by live())
@@ -125,11 +126,13 @@ class Meter:
             self.t_first = time.perf_counter()
 
     def record(self, r: Round, emitted: int) -> None:
+        """A round and how many of its tokens the answer kept (Stats.rounds counts its steps)."""
         self.rounds.append(r)
+        self.steps += r.steps
         self.tokens += emitted
         if len(self.rounds) == 1:
             self.first_round_tokens = emitted
-        self.speculators[r.speculator] += 1
+        self.speculators[r.speculator] += r.steps
         if r.prespec:
             self.prespec[r.prespec] += 1
         n = len(self.drafted_at)
@@ -192,7 +195,7 @@ class Meter:
             branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes,
             miss_reasons=self.branches.misses())
         return Stats(
-            mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=len(self.rounds), wall_s=wall,
+            mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=self.steps, wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),
             end_to_end_tokens_per_s=self.tokens / wall,
             drafted=drafted, accepted=self.accepted, acceptance_rate=self.acceptance(),

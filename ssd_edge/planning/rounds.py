@@ -1,45 +1,62 @@
 """A round's proposal, for every mode: the planner decides, the proposers make it.
 
-    propose(history)      ask the worker what it prepared, ask the n-gram lookup, plan, then make
-                          the draft the plan names (a plain step, an n-gram copy, a prepared branch
-                          cut or extended, or a draft drafted now)
+    propose(history)      every proposer of the mode makes its offer (the worker says what it
+                          prepared, the n-gram lookup what it would copy, the draft what it would
+                          cost), the planner decides, the chosen proposer makes the draft (a plain
+                          step, an n-gram copy, a prepared branch cut or extended, a draft drafted now;
+                          in mode ar after the prompt, a plain run of steps in one call)
     verifying(history, d) the target starts verifying d: the worker prepares the next round beside
-                          it where the planner says so
-    observe(...)          the round's outcome and timings, back to the planner and the SSD policy
+                          it where the SSD policy and its own pricing say so
+    observe(...)          the round's outcome and timings, back to the planner, every proposer and
+                          the SSD policy
 
-Whatever is proposed, the engine verifies it the same way (engine.py), so nothing here can change
-what the target commits.
+build() makes a generation's planner and proposers for its mode. Whatever is proposed, the engine
+verifies it the same way (engine.py), so nothing here can change what the target commits.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from ..config import EngineConfig, SamplingConfig, split_threads, usable_cores
-from ..llama.kvseq import KVSeq, common_prefix
+from ..llama.kvseq import KVSeq
 from ..metrics import Meter
-from ..sampling import head_probs
 from ..speculation.drafters import EMPTY, Draft, ModelDrafter, NgramDrafter
+from ..speculation.proposer import PLAIN, Ask, Decision, Proposer, Verified
+from .acceptance import DraftAcceptance, NgramAcceptance
 from .costs import Costs
-from .planner import DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, SERVED, Decision, Offer, Planner
+from .planner import DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, Planner
+from .proposers import DraftProposer, NgramProposer, PreparedProposer, top1, upside
 
-__all__ = ["Costs", "NGRAM_CAP", "Proposal", "Rounds", "build", "caps", "draft_can_pay", "runs_beside", "threads_for"]
+__all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "build", "caps", "draft_can_pay", "runs_beside",
+           "threads_for", "top1"]
 
 if TYPE_CHECKING:  # imported by the modes that pre-speculate (ssd, auto beside the target) alone
     from ..speculation.policy import PrespecPolicy
-    from ..speculation.prespec import LookupResult, PrespecWorker
+    from ..speculation.prespec import PrespecWorker
     from .profile import Profile
+
+SERVED = {"plain": "ar", "ngram": "lookup", "draft": "sd", "prepared": "ssd"}  # the mode each kind's rounds are
+
+
+# Mode ar's steps after the prompt run in one C call each (KVSeq.steps) for at most about this long, so
+# that a round carries a tenth of a second of tokens (3 on a CPU at 30 ms a step, 60 on a GPU at 1.7):
+# the stream stays live, a cancel is seen within it, and the engine's Python runs once per call instead
+# of once per token, with caches that a CPU decode left cold.
+PLAIN_RUN_S = 0.1
 
 
 class Proposal(NamedTuple):
     draft: Draft
     speculator: str          # none, draft, prespec, ngram
     prespec: str | None      # SSD lookups: hit, partial, miss
+    run_s: float = 0.0       # a plain run: nothing drafted, plain steps for about this long in one call
 
 
 NOTHING = Proposal(EMPTY, "none", None)
+PLAIN_RUN = Proposal(EMPTY, "none", None, PLAIN_RUN_S)
 
 
 def verifiable(draft: Draft, k_min: int) -> Draft:
@@ -58,27 +75,34 @@ def caps(mode: str, k: int | None) -> tuple[int, int]:
 
 
 class Rounds:
-    """Each round's proposal and its bookkeeping, for one generation."""
+    """Each round's proposal and its bookkeeping, for one generation: the one place that runs the
+    Proposer protocol (asks the offers, has the planner decide, asks the chosen proposer for its
+    draft, and hands every verified round to the planner and each proposer)."""
 
-    def __init__(self, mode: str, planner: Planner, k_min: int, sampling: SamplingConfig,
-                 drafter: ModelDrafter | None = None, worker: PrespecWorker | None = None,
-                 policy: PrespecPolicy | None = None, cancelled: Callable[[], bool] | None = None) -> None:
+    def __init__(self, mode: str, planner: Planner, proposers: Sequence[Proposer], k_min: int,
+                 prepared: PreparedProposer | None = None, worker: PrespecWorker | None = None,
+                 policy: PrespecPolicy | None = None) -> None:
         self.mode = mode
         self.planner = planner
+        self.proposers = list(proposers)  # in the order a fixed mode tries them
         self.k_min = k_min
-        self.sampling = sampling
-        self.drafter = drafter
+        self.prepared = prepared
         self.worker = worker
         self.policy = policy
-        self.cancelled = cancelled
         self.decision: Decision | None = None
-        self.busy = False  # whether the worker drafts beside the verify now running
         self.plain = planner.menu.kinds == {"plain"}  # mode ar: every round a plain step, nothing to plan
+        self.runs = self.plain  # mode ar after the prompt: plain runs, while the target's context can make them
+        self.prefilled = False  # the prompt's round has been observed
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker drafts beside the verify now running."""
+        return self.prepared is not None and self.prepared.busy
 
     @property
     def served(self) -> str:
         """The mode that served the last round: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
-        return SERVED[self.decision.kind] if self.decision is not None else "ar"
+        return SERVED.get(self.decision.kind, self.decision.kind) if self.decision is not None else "ar"
 
     @property
     def state(self) -> str:
@@ -91,100 +115,50 @@ class Rounds:
         return self.served
 
     def propose(self, history: list[int], room: int, remaining: int) -> Proposal:
-        """The draft to verify after `history`, at most `room` tokens."""
+        """The draft to verify after `history`, at most `room` tokens (mode ar: a plain step, and after
+        the prompt a plain run)."""
         if room < 1 or self.plain:
             self.decision = None
-            return NOTHING
-        looked = self._lookup(history, room)
-        status = looked.status if looked is not None and looked.status != "none" else None
-        hit = status in ("hit", "partial")
-        # ssd's n-gram backup is asked only when a streak of misses offers it (nothing else reads it there)
-        offered = self.mode != "ssd" or (self.policy is not None and self.policy.backup_ready)
-        ngram = self.planner.ask_ngram(history) if offered and "ngram" in self.planner.menu.kinds else EMPTY
-        # what the draft has not read of the history (it drafts after reading it); after a hit the
-        # branch holds it all, and the worker may be making the branch its main sequence right now
-        kv = self.drafter.kv if self.drafter is not None and not hit else None
-        unread = max(0, len(history) - common_prefix(kv.tokens, history) - 1) if kv is not None else 0
-        d = self.decision = self.planner.plan(Offer(
-            room, remaining, ngram=len(ngram), draft=self.drafter is not None, draft_unread=unread,
-            prepared=len(looked.draft) if hit else None, prepared_done=hit and looked.finished))
-        if status is not None:  # the worker prepared this round: did the plan use it?
-            self.planner.observe_lookup(d.kind == "prepared")
-        draft = verifiable(self._make(d, history, ngram, looked, room), self.k_min)
+            return PLAIN_RUN if self.runs and self.prefilled else NOTHING
+        ask = Ask(history, room, remaining)
+        offers = [(p, o) for p in self.proposers if (o := p.offer(ask)) is not None]
+        d = self.decision = self.planner.plan([(p.kind, o) for p, o in offers], room)
+        chosen = next((p for p, _ in offers if p.kind == d.kind), None)
+        draft = verifiable(chosen.propose(history, d) if chosen is not None else EMPTY, self.k_min)
+        status = self.prepared.status if self.prepared is not None else None
         return Proposal(draft, draft.speculator if len(draft) else "none", status)
-
-    def _lookup(self, history: list[int], room: int) -> LookupResult | None:
-        if self.worker is None:
-            return None
-        looked = self.worker.lookup(history, min(self.planner.caps["prepared"], room))
-        if looked.status != "none" and self.policy is not None:
-            cap = self.planner.caps["draft"]
-            acceptance = sum(self.planner.alpha("draft", i) for i in range(cap)) / cap
-            self.policy.observe_lookup(looked.status, acceptance)  # the window and rollback follow the hit rate
-        return looked
-
-    def _make(self, d: Decision, history: list[int], ngram: Draft, looked: LookupResult | None,
-              room: int) -> Draft:
-        if d.kind == "ngram":
-            return ngram.head(d.m)
-        if d.kind == "prepared":
-            assert looked is not None and self.worker is not None
-            if looked.finished or d.m <= len(looked.draft):  # a finished branch verifies min(m, its length)
-                return looked.draft.head(d.m)
-            return self.worker.extend(history, d.m)
-        if d.kind == "draft":  # planned: as long as the draft's confidence pays for, up to the cap
-            go_on = self.planner.go_on(d)
-            m = d.m if go_on is None else min(self.planner.caps["draft"], room)
-            guess = ngram.tokens[:d.guess]
-            if self.worker is not None:
-                return self.worker.draft_now(history, m, go_on, guess)
-            assert self.drafter is not None
-            return self.drafter.propose(history, m, self.cancelled, go_on, guess)
-        return EMPTY
 
     def verifying(self, history: list[int], draft: Draft) -> None:
         """The target starts verifying `draft`: the worker prepares the next round beside it where the
-        SSD policy lets it and the planner expects that to pay."""
-        self.busy = (self.worker is not None and self.policy is not None and self.policy.prespec_enabled
-                     and self.planner.worker_runs(len(draft) + 1))
-        if self.busy:
-            snapshot = self.policy.snapshot(self.planner.p_accept(len(draft)), self.planner.branch_depth())
-            self.worker.verifying(history, draft, snapshot)
+        SSD policy lets it and that is expected to pay."""
+        if self.prepared is not None:
+            self.prepared.verifying(history, draft, self.decision or PLAIN)
 
     def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, ms_per_token: float,
                 rows: np.ndarray) -> None:
         """The round is verified: `rows` are the target's logit rows at the committed positions."""
+        self.prefilled = True
         if self.plain:  # no proposer to price: nothing reads a plain-only planner's observations
             return
-        kind = self.decision.kind if self.decision is not None else "plain"
-        # the target's confidence stands in for the draft's acceptance: read only where there is a draft
-        confidence = top1(rows, self.sampling) if self.planner.wants_confidence and self.drafter is not None else ()
-        self.planner.observe(kind, len(prop.draft), accepted, verify_s * 1e3, confidence, busy=self.busy)
-        self.planner.observe_history(history)
-        if kind == "draft" and self.drafter is not None and self.drafter.timing is not None:
-            self.planner.observe_draft(*self.drafter.timing)
+        v = Verified(self.decision or PLAIN, prop.draft, accepted, history, rows, verify_s * 1e3, self.busy)
+        self.planner.observe(v)
+        for p in self.proposers:
+            p.observe(v)
         if self.policy is not None:
             self.policy.observe_round(ms_per_token)
 
     def report(self) -> dict[str, Any] | None:
-        """Mode auto's planner report (Stats.auto); None in the other modes."""
+        """Mode auto's planner report (Stats.auto): the planner's and each proposer's; None in the other modes."""
         if self.mode != "auto":
             return None
-        return {**self.planner.report(), "concurrent": self.worker is not None}
+        out = self.planner.report()
+        for p in self.proposers:
+            out.update(p.report() if hasattr(p, "report") else {})
+        return {**out, "concurrent": self.worker is not None}
 
     def close(self) -> None:
         if self.worker is not None:
             self.worker.close()  # the worker's draft sequence is the engine's draft KV (moved back to 0)
-
-
-def top1(rows: np.ndarray, s: SamplingConfig) -> dict[int, float]:
-    """The target's probability of its likeliest token at the first and the last of a round's committed
-    rows (index -> probability), at the sampling temperature (1 when greedy), over each row's largest
-    logits (sampling.head_probs). Two rows, not all: a pass over a row costs 0.05-0.1 ms where it comes
-    cold from a GPU's step, most of a round's host time at 8 rows; the planner's confidence is an average
-    and its calibration a ratio, which a sample of each round's rows estimates as well."""
-    t = s.temperature if s.temperature > 0 else 1.0
-    return {i: float(head_probs(rows[i], t).p[0]) for i in sorted({0, len(rows) - 1})} if len(rows) else {}
 
 
 def offloaded(cfg: EngineConfig) -> bool:
@@ -207,14 +181,14 @@ def runs_beside(cfg: EngineConfig) -> bool:
 def draft_can_pay(cfg: EngineConfig, profile: Profile | None) -> bool:
     """Whether mode auto could ever draft with the draft model at cfg's threads: unless this device's
     profile prices a draft accepted as often as on predictable text (EXPLORE_ALPHA) below plain steps
-    (Planner.upside < 1: a compute-bound CPU). Without a profile, or with the target off this CPU
+    (proposers.upside < 1: a compute-bound CPU). Without a profile, or with the target off this CPU
     (not what the profile measured), it could."""
     if cfg.draft is None:
         return False
     if profile is None or cfg.target.rpc:
         return True
     costs = profile.cost_model(cfg.target.threads, cfg.draft.threads, offloaded=offloaded(cfg))
-    return Planner(MENUS["auto"], costs, draft_cap=caps("auto", cfg.spec.k)[0], k_min=cfg.spec.k_min).upside() >= 1.0
+    return upside(costs, caps("auto", cfg.spec.k)[0], cfg.spec.k_min) >= 1.0
 
 
 def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile | None) -> EngineConfig:
@@ -245,20 +219,31 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
     else:
         costs = Costs(step_ms=step_ms, contention=1.0 if beside and offloaded(cfg) else None)
     draft_cap, ngram_cap = caps(mode, cfg.spec.k)
-    planner = Planner(menu, costs, draft_cap=draft_cap, ngram_cap=ngram_cap, k_min=cfg.spec.k_min,
-                      ngram=NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max),
-                      draft_prior=profile.acceptance.alpha if profile is not None else 0.7)
-    p = cfg.prespec
-    drafter = None
+    k_min, p, planned = cfg.spec.k_min, cfg.prespec, menu.planned
+    planner = Planner(menu, costs, k_min=k_min, span=ngram_cap)
+    ngram = None
+    if "ngram" in menu.kinds:
+        ngram = NgramProposer(NgramAcceptance(NgramDrafter(cfg.spec.ngram_min, cfg.spec.ngram_max), ngram_cap),
+                              ngram_cap)
     drafts = draft_kv is not None and "draft" in menu.kinds
     runs_worker = drafts and (menu.worker == "always" or (menu.worker == "earned" and beside)) and p.budget_cells != 0
-    if drafts:  # (a draft's candidates are for the worker's outcome ranking alone)
-        drafter = ModelDrafter(draft_kv, sampling, seed, cfg.spec.p_min, meter.draft_busy,
-                               p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0, candidates=runs_worker)
-    if not runs_worker:
-        return Rounds(mode, planner, cfg.spec.k_min, sampling, drafter, cancelled=cancelled)
-    from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
-    from ..speculation.prespec import PrespecWorker
+    if not drafts:
+        return Rounds(mode, planner, [x for x in (ngram,) if x is not None], k_min)
+    assert draft_kv is not None
+    # (a draft's candidates are for the worker's outcome ranking alone)
+    drafter = ModelDrafter(draft_kv, sampling, seed, cfg.spec.p_min, meter.draft_busy,
+                           p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0, candidates=runs_worker)
+    acceptance = DraftAcceptance(draft_cap, profile.acceptance.alpha if profile is not None else 0.7)
+    worker = policy = prepared = None
+    if runs_worker:
+        from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
+        from ..speculation.prespec import PrespecWorker
 
-    worker = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled)
-    return Rounds(mode, planner, cfg.spec.k_min, sampling, drafter, worker, PrespecPolicy(p), cancelled)
+        worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled), PrespecPolicy(p)
+        prepared = PreparedProposer(worker, policy, acceptance, costs, draft_cap, k_min, planned,
+                                    always=menu.worker == "always")
+    if ngram is not None and mode == "ssd":  # ssd's n-gram backup: only while a streak of misses offers it
+        ngram.offered = (lambda: policy.backup_ready) if policy is not None else (lambda: False)
+    draft = DraftProposer(drafter, acceptance, costs, draft_cap, k_min, planned, worker, ngram, prepared, cancelled)
+    return Rounds(mode, planner, [x for x in (prepared, ngram, draft) if x is not None], k_min, prepared, worker,
+                  policy)

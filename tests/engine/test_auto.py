@@ -349,18 +349,17 @@ def test_a_draft_that_reads_the_copy_as_its_guess_stays_the_targets_output(tempe
     sampled."""
     from dataclasses import replace
 
-    from ssd_edge.planning.planner import Planner
+    from ssd_edge.planning.proposers import DraftProposer
 
-    plan, guessed = Planner._plan, []
+    propose, guessed = DraftProposer.propose, []
 
-    def always_guess(self, offer):
-        d = plan(self, offer)
-        if d.kind == "draft" and offer.ngram:
-            d = replace(d, guess=offer.ngram)
+    def always_guess(self, history, d):
+        if self.ngram is not None and self.ngram.proposal.tokens:
+            d = replace(d, guess=len(self.ngram.proposal))
             guessed.append(d.guess)
-        return d
+        return propose(self, history, d)
 
-    monkeypatch.setattr(Planner, "_plan", always_guess)
+    monkeypatch.setattr(DraftProposer, "propose", always_guess)
     eng = regime_engine([100.0 + 2 * i for i in range(17)], draft_scale=0.1)  # a verify ~ a step
     _, first = run(eng, "ar", n=120)
     s, m = PROMPT + list(first.tokens), 20        # a quoting prompt as in the tests above, 80 tokens

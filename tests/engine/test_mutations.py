@@ -10,7 +10,7 @@ engine internal is a one-line change here too. What each bug is and which check 
     sampling   min-p dropped from the target's rows            exact distribution (t = 1.5, min-p 0.01)
     coupling   one noise for every position (position unkeyed) exact distribution of whole answers
     verify     one drafted token accepted past the first miss  every mode gives ar's tokens
-    commit     Engine._commit's room one token too large       every mode gives exactly max_tokens
+    commit     Generation.take's room one token too large      every mode gives exactly max_tokens
     KV rollback  KVSeq.truncate keeps one rejected token       every mode gives ar's tokens, caches true
     hand-over  KVSeq.adopt takes the branch one token short    a prespec hit's branch is used whole
     n-gram     NgramDrafter.propose ignores the last token     the n-gram lookup equals its definition
@@ -25,7 +25,7 @@ import ssd_edge.coupling as coupling
 import ssd_edge.engine as engine_mod
 import ssd_edge.planning.rounds as planned
 from distribution_check import check_follows_target
-from ssd_edge.engine import Engine
+from ssd_edge.generation import Generation
 from ssd_edge.llama.kvseq import KVSeq
 from ssd_edge.speculation.drafters import NgramDrafter
 from ssd_edge.verify import verify
@@ -49,7 +49,7 @@ def ngram_definition():
 
 
 real_commit, real_truncate, real_adopt, real_propose, real_gumbel_draw, real_drawer = (
-    Engine._commit, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.gumbel_draw, coupling.Drawer.__init__)
+    Generation.take, KVSeq.truncate, KVSeq.adopt, NgramDrafter.propose, coupling.gumbel_draw, coupling.Drawer.__init__)
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
@@ -63,7 +63,7 @@ MUTATIONS = {
                               distribution(FLAT)),
     "verify-off-by-one": (engine_mod, "verify", lambda d, x: (lambda a: (a, int(x[a])))(min(verify(d, x)[0] + 1, len(d))),
                           check_modes_equal_ar),
-    "commit-room": (Engine, "_commit", lambda self, tokens, room, text: real_commit(self, tokens, room + 1, text),
+    "commit-room": (Generation, "take", lambda self, tokens, room: real_commit(self, tokens, room + 1),
                     check_modes_equal_ar),
     "kv-rollback": (KVSeq, "truncate", lambda self, n: real_truncate(self, min(n + 1, len(self.tokens))),
                     check_modes_equal_ar),

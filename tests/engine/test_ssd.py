@@ -171,17 +171,28 @@ def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeyp
     # auto's planner may decide that none of a half-grown branch is worth verifying (it then
     # takes a plain step); with sampling there are no q rows to stack. Found by the soak test.
     from ssd_edge.config import SamplingConfig
-    from ssd_edge.planning.planner import Decision, Planner
+    from ssd_edge.planning.planner import Planner
+    from ssd_edge.planning.proposers import PreparedProposer
+    from ssd_edge.speculation.proposer import PLAIN
 
     planned = Planner._plan
 
-    def plain_for_a_partial(self, offer):
-        if offer.prepared is not None and not offer.prepared_done and offer.prepared < min(offer.room, 4):
-            return Decision("plain", 0, 0.0)
-        return planned(self, offer)
+    def plain_for_a_partial(self, offers, room):
+        prepared = dict(offers).get("prepared")
+        if prepared is not None and not prepared.finished and len(prepared_now[0].looked.draft) < min(room, 4):
+            return PLAIN
+        return planned(self, offers, room)
 
+    prepared_now = []
+    offer = PreparedProposer.offer
+
+    def remember(self, ask):
+        prepared_now[:] = [self]
+        return offer(self, ask)
+
+    monkeypatch.setattr(PreparedProposer, "offer", remember)
     monkeypatch.setattr(Planner, "_plan", plain_for_a_partial)
-    monkeypatch.setattr(Planner, "prespec_pays", lambda self, verifying=1: True)
+    monkeypatch.setattr(PreparedProposer, "pays", lambda self, verifying=1: True)
     monkeypatch.setattr("ssd_edge.planning.rounds.usable_cores", lambda: 2)  # 1 + 1 threads: the worker runs
     eng, _ = fake_engine("auto", disagree_every=0, target_delay=0.035, draft_delay=0.01)
     out = run(eng, "auto", n=30)
@@ -293,16 +304,16 @@ def test_the_worker_reads_no_policy_only_the_snapshot_each_verify_hands_it(monke
 
 def test_a_policy_snapshot_does_not_follow_later_observations():
     from ssd_edge.config import PrespecConfig
-    from ssd_edge.planning.planner import MENUS, Planner
+    from ssd_edge.planning.acceptance import DraftAcceptance
     from ssd_edge.speculation.policy import PrespecPolicy
 
-    pol, planner = PrespecPolicy(PrespecConfig()), Planner(MENUS["ssd"], draft_cap=3)
-    snap = pol.snapshot(planner.p_accept(3), planner.branch_depth())
+    pol, acceptance = PrespecPolicy(PrespecConfig()), DraftAcceptance(3)
+    snap = pol.snapshot(acceptance.p_accept(3), 3)
     before = snap.p_accept.tolist()
     for _ in range(5):
-        planner.observe("draft", 3, 0, 100.0)
+        acceptance.observe(3, 0, {})
         pol.observe_lookup("hit", 0.9)
-    assert snap.p_accept.tolist() == before != planner.p_accept(3).tolist()
+    assert snap.p_accept.tolist() == before != acceptance.p_accept(3).tolist()
     assert len(snap.p_accept) == 4 and abs(sum(snap.p_accept) - 1) < 1e-9
 
 

@@ -19,7 +19,7 @@ SPECULATION = ("speculation.prespec", "speculation.policy", "planning.profile", 
 RUN = """
 import sys
 from fakes import FakeContext, FakeModel
-import ssd_edge.engine as E
+import ssd_edge.pair as E
 E.resolve_model = lambda path, models_dir=None: path
 E.Model = lambda path, gpu_layers, verbose, **rpc: FakeModel(str(path))
 E.Context = lambda model, n_ctx, n_batch, threads, n_seq_max=1, **memory: FakeContext(model, n_ctx, n_batch, n_seq_max)

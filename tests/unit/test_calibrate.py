@@ -10,7 +10,7 @@ import pytest
 
 from ssd_edge.planning import profile as prof
 from ssd_edge.planning.costs import CONTENTION_FLOOR
-from ssd_edge.planning.planner import NgramShadow
+from ssd_edge.planning.acceptance import NgramShadow
 from ssd_edge.planning.profile import Acceptance, ModelId, Profile, ThreadCosts
 from ssd_edge.speculation.drafters import NgramDrafter
 

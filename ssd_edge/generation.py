@@ -1,0 +1,105 @@
+"""One answer's state: its history, the room left, the stop text, the meter and the drawer.
+
+The engine (engine.py) runs rounds over a Generation; every token a round adds goes through
+commit(), which alone extends the history and the answer and decides whether the answer ends
+(an end-of-generation token, a stop string, max_tokens). The KV caches are the pair's (pair.py):
+they follow the history, never the other way round.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple, Sequence
+
+from .config import SamplingConfig
+from .coupling import Drawer
+from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
+from .interface import BackendModel
+from .metrics import Ema, Meter
+from .text import StopText
+
+
+class Committed(NamedTuple):
+    tokens: list[int]          # the round's tokens the answer keeps
+    reason: StopReason | None  # why the answer ends after this round, if it does
+
+
+class Generation:
+    """history: the prompt and every token committed since (what the target's KV must hold next);
+    out: the answer's tokens (history's tail, less what a stop cut). Engine-thread state only."""
+
+    def __init__(self, target: BackendModel, prompt: Sequence[int], max_tokens: int, n_ctx: int,
+                 stop: Sequence[str], cancel: threading.Event, sampling: SamplingConfig, seed: int, meter: Meter,
+                 step_ms: Ema) -> None:
+        self.is_eog = target.is_eog
+        self.n_prompt = len(prompt)
+        self.history: list[int] = list(prompt)
+        self.out: list[int] = []
+        self.max_tokens = max_tokens
+        self.n_ctx = n_ctx
+        self.text = StopText(target, stop)
+        self.cancel = cancel
+        self.sampling = sampling
+        self.seed = seed
+        self.drawer = Drawer(sampling, seed)  # the target's draws, bound once (coupling.py)
+        self.meter = meter
+        self.step_ms = step_ms  # ms of a plain target step at these threads, over generations
+        self.reason: StopReason | None = None
+        self.message: str | None = None
+
+    @property
+    def room(self) -> int:
+        """Tokens the target's KV can still take (history + the round's draft must fit)."""
+        return self.n_ctx - len(self.history)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the answer may still make."""
+        return self.max_tokens - len(self.out)
+
+    @property
+    def prefilled(self) -> bool:
+        """Whether a round has committed after the prompt (the prompt's round has run)."""
+        return len(self.history) > self.n_prompt
+
+    def can_go_on(self) -> bool:
+        """Whether another round may run; if not, the reason is set (cancelled, or the context full)."""
+        if self.reason is not None:
+            return False
+        if self.cancel.is_set():
+            self.reason = "cancelled"
+        elif self.room < 1:
+            self.reason, self.message = "context", f"the context of {self.n_ctx} tokens is full"
+        return self.reason is None
+
+    def commit(self, tokens: Sequence[int]) -> list[int]:
+        """A round's tokens enter the history; the answer keeps them up to an end of generation, a
+        stop string or max_tokens, which end it. Returns the kept ones."""
+        new = self.take(tokens, self.remaining)
+        self.history.extend(tokens)
+        self.out.extend(new.tokens)
+        self.reason = new.reason
+        return new.tokens
+
+    def take(self, tokens: Sequence[int], room: int) -> Committed:
+        """The round's tokens up to an end of generation, a stop string or `room` tokens."""
+        new: list[int] = []
+        for t in tokens:
+            if self.is_eog(t):
+                return Committed(new, "eos")
+            new.append(t)
+            self.text.push(t)
+            if self.text.stopped:
+                return Committed(new, "stop")
+            if len(new) >= room:
+                return Committed(new, "length")
+        return Committed(new, None)
+
+    def event(self, rnd: Round, kept: Sequence[int]) -> TokenEvent:
+        """What the round shows: its kept tokens, their provenance, the text that may be shown now."""
+        self.meter.record(rnd, len(kept))
+        return TokenEvent(self.text.take(), tuple(kept), rnd.provenance[:len(kept)], rnd, self.meter.live())
+
+    def finish(self, stats: Stats) -> FinishEvent:
+        tail = self.text.finish()
+        return FinishEvent(self.text.text, tuple(self.out), self.reason or "length", stats, self.message, tail)
