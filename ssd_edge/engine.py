@@ -228,7 +228,7 @@ class Engine(Pair):
         rounds.observe(prop, history, a, verify_s, wall_ms / (a + 1), rows[:a + 1])
         return Round(len(meter.rounds), rounds.served, prop.speculator, prop.prespec, len(draft), a, wall_ms,
                      verify_s * 1e3, (t_verify - t_round) * 1e3, tokens,
-                     (PROVENANCE[prop.speculator],) * a + ("target",)), kept
+                     (PROVENANCE.get(prop.speculator, prop.speculator),) * a + ("target",)), kept
 
     def _plain_run(self, gen: Generation, prop: planned.Proposal, t_round: float
                    ) -> tuple[Round, list[int]] | None:

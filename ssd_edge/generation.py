@@ -2,12 +2,15 @@
 
 The engine (engine.py) runs rounds over a Generation; every token a round adds goes through
 commit(), which alone extends the history and the answer and decides whether the answer ends
-(an end-of-generation token, a stop string, max_tokens). The KV caches are the pair's (pair.py):
+(an end-of-generation token, a stop string, max_tokens). StopText turns the committed tokens into
+text deltas, holding back what could still be the start of a stop string (TextStream: a UTF-8
+character split across tokens waits for its last byte). The KV caches are the pair's (pair.py):
 they follow the history, never the other way round.
 """
 
 from __future__ import annotations
 
+import codecs
 import threading
 from typing import NamedTuple, Sequence
 
@@ -16,7 +19,60 @@ from .coupling import Drawer
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
 from .interface import BackendModel
 from .metrics import Ema, Meter
-from .text import StopText
+
+
+class TextStream:
+    """Turns token ids into text incrementally; a UTF-8 character split across
+    tokens is held back until its last byte arrives."""
+
+    def __init__(self, model: BackendModel):
+        self.model = model
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token: int) -> str:
+        return self._dec.decode(self.model.piece(token))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
+
+
+class StopText:
+    """The answer's text as tokens commit: push() each token, take() what may be shown now,
+    finish() the rest at the end. Cut at the earliest stop string (one may end inside another)."""
+
+    def __init__(self, model: BackendModel, stop: Sequence[str]) -> None:
+        self.stream = TextStream(model)
+        self.stop = [s for s in stop if s]
+        self.text = ""
+        self.sent = 0
+        self.stopped = False
+
+    def push(self, token: int) -> None:
+        self.text += self.stream.push(token)
+        hits = [i for s in self.stop if (i := self.text.find(s, max(0, self.sent - len(s)))) >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.stopped = True
+
+    def take(self) -> str:
+        hold = 0
+        if not self.stopped:
+            for s in self.stop:
+                for n in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
+                    if self.text.endswith(s[:n]):
+                        hold = max(hold, n)
+                        break
+        out = self.text[self.sent: len(self.text) - hold]
+        self.sent += len(out)
+        return out
+
+    def finish(self) -> str:
+        """The text not yet handed out (held-back stop-string prefixes, a last partial character)."""
+        if not self.stopped:
+            self.text += self.stream.flush()
+        out = self.text[self.sent:]
+        self.sent = len(self.text)
+        return out
 
 
 class Committed(NamedTuple):

@@ -3,13 +3,12 @@
 ssd_edge/llama/backend.py implements it with llama.cpp; tests/fakes.py
 implements it with a tiny deterministic model. Nothing here imports llama_cpp,
 so the engine, the drafters and SSD import (and are tested) without the
-compiled library. Aborted, TextStream and ModelInfo live here because both
+compiled library. Aborted and ModelInfo live here because both
 implementations share them; backend.py re-exports them under their old names.
 """
 
 from __future__ import annotations
 
-import codecs
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,18 +131,3 @@ class BackendContext(Protocol):
     def clear(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-class TextStream:
-    """Turns token ids into text incrementally; a UTF-8 character split across
-    tokens is held back until its last byte arrives."""
-
-    def __init__(self, model: BackendModel):
-        self.model = model
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token: int) -> str:
-        return self._dec.decode(self.model.piece(token))
-
-    def flush(self) -> str:
-        return self._dec.decode(b"", final=True)

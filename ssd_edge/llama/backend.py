@@ -10,7 +10,7 @@ Context one llama_context with its own KV cache and thread count. Never use a
 
 Everything above this module sees numpy arrays and Python ints. Model and
 Context implement the Backend protocol of interface.py (BackendModel,
-BackendContext); Aborted, TextStream and ModelInfo live there and are
+BackendContext); Aborted and ModelInfo live there and are
 re-exported here, as are library.py's questions about the build (init,
 system_info, gpu_offload_supported, rpc_supported, llama_cpp_version).
 Calls that may wait on an --rpc server go through rpc_guard.GUARD.
@@ -30,7 +30,7 @@ import numpy as np
 from ..config import parse_endpoints
 from ..errors import (ContextFullError, CorruptModelError, DecodeError, ModelNotFoundError, NotGGUFError,
                       VocabMismatchError)
-from ..interface import DECODES, Aborted, ModelInfo, TextStream
+from ..interface import DECODES, Aborted, ModelInfo
 from ..memory import parse_buffers
 from .library import (capture_log, gpu_offload_supported, init, ll, llama_cpp_version, rpc_supported, signals_held,
                       system_info)
@@ -42,7 +42,7 @@ try:  # plain steps in one C call (Context.steps); without the extension, each s
 except ImportError:  # pragma: no cover - a build without the extension
     native_steps = None
 
-__all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "TextStream", "check_gguf_file",
+__all__ = ["Aborted", "AbortFlag", "Context", "Model", "ModelInfo", "check_gguf_file",
            "check_same_vocab", "gpu_offload_supported", "init", "llama_cpp_version", "rpc_supported",
            "system_info"]
 

@@ -219,6 +219,10 @@ class NgramAcceptance:
         self.match = draft.match
         return draft
 
+    def copy(self, history: Sequence[int]) -> Draft:
+        """The lookup's proposal, neither remembered nor scored (a fixed mode reads no acceptance)."""
+        return self.shadow.drafter.propose(history, self.shadow.k)
+
     def alpha(self, i: int) -> float:
         rates = self.rates[match_class(self.match)]
         return rates[deepest_measured(rates, min(i, len(rates) - 1))].value

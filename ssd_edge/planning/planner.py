@@ -1,5 +1,10 @@
 """The round planner, for every mode: each round, which offer the target verifies.
 
+    Planner   ranks the round's offers against a plain step (plan), and learns what verifies cost
+    Rounds    runs the Proposer protocol each round: asks every proposer of the mode for its offer,
+              has the Planner decide, asks the chosen proposer for its draft (Proposal), and hands
+              every verified round to the planner and each proposer (rounds.build wires them)
+
 Each round every proposer of the mode (speculation/proposer.py; ssd-edge's own: planning/proposers.py)
 may make an offer; a plain target step is always there. A mode is a menu (MENUS). `auto` plans
 over all of them; a fixed mode is the planner held to its proposers in turn, the first with tokens
@@ -41,11 +46,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
-from ..speculation.proposer import PLAIN, Decision, Offer, Verified
+import numpy as np
+
+from ..speculation.drafters import EMPTY, Draft
+from ..speculation.proposer import PLAIN, Ask, Decision, Offer, Proposer, Verified
 from .costs import Costs, describe_regime
-from .proposers import lengths
+from .proposers import PreparedProposer, lengths
+
+if TYPE_CHECKING:  # the modes that pre-speculate import these alone
+    from ..speculation.policy import PrespecPolicy
+    from ..speculation.prespec import PrespecWorker
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +65,7 @@ DRAFT_CAP = 8    # most draft-model tokens a round verifies when --draft-max is 
 NGRAM_CAP = 16   # most n-gram tokens likewise (an exact copy costs nothing to draft)
 FIXED_K = 3      # the fixed modes' draft length without --draft-max (llama.cpp's default)
 PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
+SERVED = {"plain": "ar", "ngram": "lookup", "draft": "sd", "prepared": "ssd"}  # the mode each kind's rounds are
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,9 @@ class Planner:
 
     def observe(self, verified: Verified) -> None:
         """A verified round: the target's decode time prices its verifies (busy: with the worker
-        drafting beside it). The prompt's round says nothing of a step."""
+        drafting beside it). The prompt's round says nothing of a step; a fixed mode prices nothing."""
+        if not self.menu.planned:
+            return
         if self.prefilled:
             self.costs.observe_target(len(verified.draft) + 1, verified.verify_ms, verified.busy)
         self.prefilled = True
@@ -155,3 +170,115 @@ class Planner:
                 "draft_step_ms": round(self.costs.draft.ms(1), 2),
                 "contention": round(self.costs.contention, 3),
                 "rounds": [list(x) for x in self.log]}
+
+
+# Mode ar's steps after the prompt run in one C call each (KVSeq.steps) for at most about this long, so
+# that a round carries a tenth of a second of tokens (3 on a CPU at 30 ms a step, 60 on a GPU at 1.7):
+# the stream stays live, a cancel is seen within it, and the engine's Python runs once per call instead
+# of once per token, with caches that a CPU decode left cold.
+PLAIN_RUN_S = 0.1
+
+
+class Proposal(NamedTuple):
+    draft: Draft
+    speculator: str          # none, draft, prespec, ngram
+    prespec: str | None      # SSD lookups: hit, partial, miss
+    run_s: float = 0.0       # a plain run: nothing drafted, plain steps for about this long in one call
+
+
+NOTHING = Proposal(EMPTY, "none", None)
+PLAIN_RUN = Proposal(EMPTY, "none", None, PLAIN_RUN_S)
+
+
+def verifiable(draft: Draft, k_min: int) -> Draft:
+    """--draft-min: a draft shorter than k_min is not verified (a plain step instead). Cutting what
+    was drawn because of its length is safe: committed tokens never depend on the proposal
+    (coupling.py), and the length itself was decided before each token was drawn."""
+    return draft if len(draft) >= max(k_min, 1) else EMPTY
+
+
+class Rounds:
+    """Each round's proposal and its bookkeeping, for one generation: the one place that runs the
+    Proposer protocol (asks the offers, has the planner decide, asks the chosen proposer for its
+    draft, and hands every verified round to the planner and each proposer)."""
+
+    def __init__(self, mode: str, planner: Planner, proposers: Sequence[Proposer], k_min: int,
+                 prepared: PreparedProposer | None = None, worker: PrespecWorker | None = None,
+                 policy: PrespecPolicy | None = None) -> None:
+        self.mode = mode
+        self.planner = planner
+        self.proposers = list(proposers)  # in the order a fixed mode tries them
+        self.k_min = k_min
+        self.prepared = prepared
+        self.worker = worker
+        self.policy = policy
+        self.decision: Decision | None = None
+        self.plain = planner.menu.kinds == {"plain"}  # mode ar: every round a plain step, nothing to plan
+        self.runs = self.plain  # mode ar after the prompt: plain runs, while the target's context can make them
+        self.prefilled = False  # the prompt's round has been observed
+
+    @property
+    def busy(self) -> bool:
+        """Whether the worker drafts beside the verify now running."""
+        return self.prepared is not None and self.prepared.busy
+
+    @property
+    def served(self) -> str:
+        """The mode that served the last round: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
+        return SERVED.get(self.decision.kind, self.decision.kind) if self.decision is not None else "ar"
+
+    @property
+    def state(self) -> str:
+        """What runs now, for the gauges: the mode served, ssd's `backup` (an n-gram round in ssd), or
+        the SSD policy's rolled-back or sla-cut."""
+        if self.policy is not None and self.policy.state != "ssd":
+            return self.policy.state
+        if self.mode == "ssd" and self.served == "lookup":
+            return "backup"
+        return self.served
+
+    def propose(self, history: list[int], room: int, remaining: int) -> Proposal:
+        """The draft to verify after `history`, at most `room` tokens (mode ar: a plain step, and after
+        the prompt a plain run)."""
+        if room < 1 or self.plain:
+            self.decision = None
+            return PLAIN_RUN if self.runs and self.prefilled else NOTHING
+        ask = Ask(history, room, remaining)
+        offers = [(p, o) for p in self.proposers if (o := p.offer(ask)) is not None]
+        d = self.decision = self.planner.plan([(p.kind, o) for p, o in offers], room)
+        chosen = next((p for p, _ in offers if p.kind == d.kind), None)
+        draft = verifiable(chosen.propose(history, d) if chosen is not None else EMPTY, self.k_min)
+        status = self.prepared.status if self.prepared is not None else None
+        return Proposal(draft, draft.speculator if len(draft) else "none", status)
+
+    def verifying(self, history: list[int], draft: Draft) -> None:
+        """The target starts verifying `draft`: the worker prepares the next round beside it where the
+        SSD policy lets it and that is expected to pay."""
+        if self.prepared is not None:
+            self.prepared.verifying(history, draft, self.decision or PLAIN)
+
+    def observe(self, prop: Proposal, history: list[int], accepted: int, verify_s: float, ms_per_token: float,
+                rows: np.ndarray) -> None:
+        """The round is verified: `rows` are the target's logit rows at the committed positions."""
+        self.prefilled = True
+        if self.plain:  # no proposer to price: nothing reads a plain-only planner's observations
+            return
+        v = Verified(self.decision or PLAIN, prop.draft, accepted, history, rows, verify_s * 1e3, self.busy)
+        self.planner.observe(v)
+        for p in self.proposers:
+            p.observe(v)
+        if self.policy is not None:
+            self.policy.observe_round(ms_per_token)
+
+    def report(self) -> dict[str, Any] | None:
+        """Mode auto's planner report (Stats.auto): the planner's and each proposer's; None in the other modes."""
+        if self.mode != "auto":
+            return None
+        out = self.planner.report()
+        for p in self.proposers:
+            out.update(p.report() if hasattr(p, "report") else {})
+        return {**out, "concurrent": self.worker is not None}
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()  # the worker's draft sequence is the engine's draft KV (moved back to 0)

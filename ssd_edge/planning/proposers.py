@@ -73,9 +73,11 @@ def top1(rows: np.ndarray, s: SamplingConfig) -> dict[int, float]:
 class NgramProposer:
     kind = "ngram"
 
-    def __init__(self, acceptance: NgramAcceptance, cap: int, offered: Callable[[], bool] | None = None) -> None:
+    def __init__(self, acceptance: NgramAcceptance, cap: int, planned: bool = True,
+                 offered: Callable[[], bool] | None = None) -> None:
         self.acceptance = acceptance
         self.cap = cap
+        self.planned = planned  # only a planned menu reads its acceptance: a fixed one only copies
         self.offered = offered  # ssd: the backup is offered only after a streak of misses (the SSD policy)
         self.proposal: Draft = EMPTY  # this round's copy (a composite draft reads it as its guess)
 
@@ -83,7 +85,7 @@ class NgramProposer:
         self.proposal = EMPTY
         if self.offered is not None and not self.offered():
             return None
-        self.proposal = self.acceptance.ask(ask.history)
+        self.proposal = self.acceptance.ask(ask.history) if self.planned else self.acceptance.copy(ask.history)
         if not self.proposal.tokens:
             return None
         return Offer(min(len(self.proposal), self.cap), self._price)
@@ -96,7 +98,8 @@ class NgramProposer:
         return self.proposal.head(decision.m)
 
     def observe(self, verified: Verified) -> None:
-        self.acceptance.observe(verified.history)
+        if self.planned:
+            self.acceptance.observe(verified.history)
 
     def report(self) -> dict:
         return self.acceptance.report()
@@ -158,6 +161,8 @@ class DraftProposer:
         self.acceptance = acceptance
         self.costs = costs
         self.cap, self.k_min, self.planned = cap, k_min, planned
+        # what it learns (acceptance, draft costs) is read by a planned menu and the worker's ranking alone
+        self.learns = planned or prepared is not None
         self.worker = worker  # where one runs, it drafts (it owns the draft's context)
         self.ngram = ngram  # whose copy a draft may read as its guess
         self.prepared = prepared  # after its hit, the branch holds the history (the draft's KV is the worker's)
@@ -227,6 +232,8 @@ class DraftProposer:
         return self.drafter.propose(history, m, self.cancelled, rule, guess)
 
     def observe(self, verified: Verified) -> None:
+        if not self.learns:
+            return
         d = verified.decision
         confidence = top1(verified.rows, self.drafter.sampling) if self.planned else {}
         drafted = len(verified.draft) if d.kind in ("draft", "prepared") else 0

@@ -161,6 +161,7 @@ class ModelDrafter:
         self.ctx = kv.ctx
         self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
+        self.greedy = sampling.greedy  # (read per drafted token: a plain attribute, not the config's property)
         self.seed = seed
         self._draw = Drawer(sampling, seed)  # the target's kind of draw, where q is the sampling distribution
         self.p_min = p_min
@@ -178,7 +179,7 @@ class ModelDrafter:
         """The draft token for sequence position `position`, from one logit row. `cand`: the row's top
         candidates, when read already; greedy, its first is the argmax (ties to the lower id, as
         numpy's argmax), so the row is not read again."""
-        if cand is not None and self.sampling.greedy:
+        if cand is not None and self.greedy:
             return int(cand.ids[0])
         if self.saguaro[1] >= 1.0:  # q is the sampling distribution itself: the target's own kind of draw
             return self._draw(logits, position)
@@ -194,7 +195,7 @@ class ModelDrafter:
             self.busy.add(time.perf_counter() - t0)
 
     def cand_temperature(self) -> float:
-        return 1.0 if self.sampling.greedy else self.sampling.temperature
+        return 1.0 if self.greedy else self.sampling.temperature
 
     def extend(self, history: Sequence[int], tokens: Sequence[int] = (), cands: Sequence[Candidates] = (),
                k: int = 4, cancelled: Callable[[], bool] | None = None, speculator: Speculator = "draft",

@@ -8,9 +8,8 @@ import random
 
 import pytest
 
-from ssd_edge.interface import TextStream
 from ssd_edge.config import EngineConfig
-from ssd_edge.text import StopText as _Text
+from ssd_edge.generation import StopText as _Text, TextStream
 from ssd_edge.errors import (ConfigError, ContextFullError, CorruptModelError, DecodeError, FetchError, ModelError,
                              ModelNotFoundError, NotGGUFError, SSDEdgeError, VocabMismatchError)
 

@@ -23,7 +23,7 @@ import pytest
 
 import ssd_edge.coupling as coupling
 import ssd_edge.engine as engine_mod
-import ssd_edge.planning.rounds as planned
+import ssd_edge.planning.planner as planner_mod
 from distribution_check import check_follows_target
 from ssd_edge.generation import Generation
 from ssd_edge.llama.kvseq import KVSeq
@@ -71,7 +71,7 @@ MUTATIONS = {
                           check_hand_over),
     "ngram-drafter": (NgramDrafter, "propose", lambda self, history, k: real_propose(self, list(history)[:-1], k),
                       ngram_definition()),
-    "planner-k-min": (planned, "verifiable", lambda draft, k_min: draft, check_draft_min),
+    "planner-k-min": (planner_mod, "verifiable", lambda draft, k_min: draft, check_draft_min),
 }
 
 

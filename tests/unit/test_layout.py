@@ -32,7 +32,7 @@ NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "fac
 # layer or below, never one above.
 LAYERS = {
     **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "memory", "interface", "paths",
-                                          "progress", "sampling", "coupling", "verify", "text", "stats_text")},
+                                          "progress", "sampling", "coupling", "verify", "stats_text")},
     "ssd_edge/native.c": LEAF,           # compiled: a row's top-k, the priced backend's busy wait
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/settings.py": ADAPTER,      # the flags' table that cli and server share; reads the catalog
