@@ -1,195 +1,32 @@
-"""SSD pre-speculation (SAGUARO): prepare the next draft while the target verifies.
-
-While the target verifies round t (history C, draft d of k tokens), the worker
-thread, which alone owns the draft context, guesses the verification outcome
-(a, b): a = draft tokens accepted (0..k), b = the target's recovery token
-(a < k; never d[a] itself, whose residual mass is zero) or bonus token (a = k).
-For the likeliest outcomes it drafts the next round ahead of time, each in its
-own sequence ("branch") of one unified-KV draft context:
-
-    seq main :  C + d[0..k-1]                          (decoded while drafting d)
-    branch s :  C + d[0..a-1] | b  e1 .. e_{k-1}       (shares C + d[:a] with main)
-
-When the outcome arrives, the SpeculationCache answers in O(1):
-    hit     : branch (a, b) is fully drafted -> handed to the target at once; the engine reads it
-              without waiting for the worker (the branches it publishes as they finish), and the
-              worker makes it the main sequence after the decode it has in flight;
-    partial : branch (a, b) was still growing -> its prefix is handed over; the engine's
-              planner decides whether the worker drafts the rest (extend);
-    miss    : no branch -> all branches dropped; the engine drafts just in time or
-              uses the backup speculator. An outcome the plan never ranked is a miss the
-              engine tells without waiting for the worker (which then drops its branches).
-Branches are grown best-first: the likeliest outcome alone (so it is ready
-soonest), then the others together in one batch per depth step. When the
-engine asks (the verification has ended, the target is idle), a branch decode
-in flight is aborted (llama.cpp's abort callback): waiting for it would only
-delay the target, and what the branches hold so far is still served (a partial
-hit). The one exception is a decode of the likeliest branch when it is the
-outcome the engine looks up: that decode is the hit, so it finishes. Reading
-history the draft has not seen yet (the prompt, rounds it sat out) is progress
-kept for later rounds, so that is never aborted: it goes in chunks of
-READ_CHUNK tokens, between which the worker answers the engine. Branches never
-hold more than `budget_cells` KV cells.
-
-Losslessness does not depend on any of this: a prepared draft is only a
-proposal, verified against the target like any other (verify.py).
-"""
+"""The pre-speculation worker: the thread that owns the draft context while SSD is on, grows the
+branches that outcomes.py ranks, and answers the engine's lookups (the package's docstring tells the
+whole picture)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..config import PrespecConfig
-from ..coupling import gumbels
-from ..interface import DECODES, Aborted
-from ..llama.kvseq import Cancelled, common_prefix
-from ..metrics import Meter
-from .drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates
-from .policy import PolicySnapshot
+from ...config import PrespecConfig
+from ...interface import DECODES, Aborted
+from ...llama.kvseq import Cancelled
+from ...metrics import Meter
+from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
+from ..policy import PolicySnapshot
+from .outcomes import Branch, LookupResult, SpeculationCache, outcome_of, rank_outcomes, why_missed
 
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
-
-
-class Outcome(NamedTuple):
-    a: int        # draft tokens accepted
-    b: int        # recovery (a < k) or bonus (a == k) token
-    score: float  # estimated probability
-
-
-def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: np.ndarray, *, fanout: int,
-                  min_confidence: float, budget_cells: int, cells_per_branch: int,
-                  coupled: tuple[int, int] | None = None) -> list[Outcome]:
-    """The outcomes worth preparing, likeliest first.
-
-    P(a, b) = P(a) * P(b | a), where P(a) comes from acceptance history and
-    P(b | a) from the draft's own distribution at position a: for a < k the
-    drafted token is excluded and the rest renormalised (the target's residual
-    has no mass on it); for a == k, the draft's distribution after d[k-1].
-    Kept while score >= min_confidence, at most `fanout`, within the cell budget.
-
-    coupled (seed, position of cands[0]), when sampling: the target's token at a position is its
-    coupled draw there, argmax log p + G(seed, position) (coupling.py). The draft's own coupled order,
-    log q + G with the same noise, predicts it better than q's order does (where q = p the two draws
-    are equal), so the candidates are ranked in that order, the likeliest of q's probabilities going
-    to its first. (Which outcome is prepared never touches losslessness: a branch is only a proposal.)
-    """
-    k = len(draft)
-    n = min(k + 1, len(cands))
-    scored: list[Outcome] = []
-    noise = None
-    if coupled is not None and n:  # every position's noise in one call (a call each cost 15 us)
-        seed, first = coupled
-        grid = np.zeros((n, max(len(c.ids) for c in cands[:n])), np.int64)
-        for a in range(n):
-            grid[a, :len(cands[a].ids)] = cands[a].ids
-        noise = gumbels(seed, first + np.arange(n)[:, None], grid)
-    for a in range(n):
-        ids, pr = cands[a].ids, cands[a].probs
-        g = noise[a, :len(ids)] if noise is not None else None
-        if a < k:
-            is_drafted = ids == draft[a]
-            rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
-            ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
-            g = g[~is_drafted] if g is not None else None
-        if g is not None and len(ids) > 1:
-            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + g), kind="stable")
-            ranked = np.empty_like(pr)
-            ranked[order] = -np.sort(-pr)
-            pr = ranked
-        scored.extend(Outcome(a, int(t), float(p_accept[a] * pb)) for t, pb in zip(ids, pr))
-    scored.sort(key=lambda o: -o.score)
-    plan: list[Outcome] = []
-    for o in scored:
-        if o.score < min_confidence or len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
-            break
-        plan.append(o)
-    return plan
-
-
-@dataclass
-class Branch:
-    """One prepared continuation: history C + d[:a] + [b], then `tokens`."""
-
-    a: int
-    b: int
-    seq: int
-    pos: int                  # next KV position to write in this sequence
-    feed: int                 # the token to decode next (b, then each drafted token)
-    tokens: list[int] = field(default_factory=list)
-    cands: list[Candidates] = field(default_factory=list)
-    cells: int = 0            # KV cells this branch holds beyond the shared prefix
-    done: bool = False
-
-    def draft(self, n: int) -> Draft:
-        """Its first n drafted tokens (at most what it has), with their candidates."""
-        n = min(n, len(self.tokens))
-        return Draft(tuple(self.tokens[:n]), "prespec", tuple(self.cands[:n]))
-
-
-class SpeculationCache:
-    """(a, b) -> Branch, with the cells they hold."""
-
-    def __init__(self) -> None:
-        self.branches: dict[tuple[int, int], Branch] = {}
-
-    def get(self, a: int, b: int) -> Branch | None:
-        return self.branches.get((a, b))
-
-    def put(self, br: Branch) -> None:
-        self.branches[(br.a, br.b)] = br
-
-    def cells(self) -> int:
-        return sum(br.cells for br in self.branches.values())
-
-    def prepared_tokens(self) -> int:
-        return sum(len(br.tokens) for br in self.branches.values())
-
-    def pop_all(self) -> list[Branch]:
-        out = list(self.branches.values())
-        self.branches.clear()
-        return out
-
-
-class LookupResult(NamedTuple):
-    status: str           # "hit", "partial", "miss", or "none" (nothing was pre-speculated)
-    draft: Draft | None
-    finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
 
 
 def _since(mark: tuple[float, int]) -> tuple[float, int]:
     """This thread's (seconds, rows) in decodes since DECODES.read() gave `mark`."""
     seconds, rows = DECODES.read()
     return seconds - mark[0], rows - mark[1]
-
-
-def why_missed(outcome: tuple[int, int] | None, planned: set[tuple[int, int]] | frozenset[tuple[int, int]]) -> str:
-    """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS; `planned`: the
-    outcomes the round's plan ranked."""
-    if outcome is None:
-        return "off-path"  # the round did not end as a verify of the draft looked at
-    if outcome in planned:
-        return "not-ready"  # ranked, but the worker had not begun its branch when the verify ended
-    if any(a == outcome[0] for a, _ in planned):
-        return "wrong-token"  # the accepted count was prepared, with another next token
-    return "wrong-count" if planned else "none-ranked"  # nothing ranked above the floor and budget
-
-
-def _outcome(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, int] | None:
-    """The verification outcome (a, b) that took history C + d to `history`: a draft tokens of d
-    accepted, then the target's token b; None if `history` does not follow C that way."""
-    C, d = base
-    n = len(C)
-    a = common_prefix(history[n:], d.tokens)
-    if len(history) == n + a + 1 and history[:n] == C:
-        return a, history[n + a]
-    return None
 
 
 class PrespecWorker:
@@ -260,7 +97,7 @@ class PrespecWorker:
         ready = self._ready  # one read: the worker replaces the tuple, never changes one
         if fresh and ready is not None and ready[0] == self._round:
             _, base, done = ready
-            outcome = _outcome(base, history)
+            outcome = outcome_of(base, history)
             br = done.get(outcome) if outcome is not None else None
             if br is not None:
                 self._ready = None
@@ -269,7 +106,7 @@ class PrespecWorker:
         ranked = self._ranked
         if fresh and ranked is not None and ranked[0] == self._round:
             _, base, planned = ranked
-            outcome = _outcome(base, history)
+            outcome = outcome_of(base, history)
             if outcome not in planned:  # no branch was ever begun for it: nothing to wait for
                 self._ranked = None
                 self._inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
@@ -294,7 +131,7 @@ class PrespecWorker:
         if not self._abortable:
             return
         first, base = self._growing_first, self.base
-        if first is not None and history is not None and base is not None and _outcome(base, history) == first:
+        if first is not None and history is not None and base is not None and outcome_of(base, history) == first:
             return
         self.ctx.abort.set()
 
@@ -368,7 +205,7 @@ class PrespecWorker:
     def _lookup(self, history: list[int], k: int) -> LookupResult:
         if self.base is None:
             return LookupResult("none", None)
-        outcome = _outcome(self.base, history)
+        outcome = outcome_of(self.base, history)
         self.base = None
         br = self.cache.get(*outcome) if outcome is not None else None
         self._found = br
