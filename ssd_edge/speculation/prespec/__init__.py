@@ -25,7 +25,8 @@ outcome looked up (it is the hit); reading history the draft has not seen is nev
 
     outcomes.py  which outcomes to prepare (rank_outcomes), the Branch and SpeculationCache
                  that hold them, why a lookup missed;
-    worker.py    PrespecWorker: the thread, the engine's calls, the branches' growth.
+    worker.py    PrespecWorker: the thread, the engine's calls, the branches' growth;
+    handoff.py   Handoff: all the state the engine thread and the worker thread share.
 
 Losslessness does not depend on any of this: a prepared draft is only a
 proposal, verified against the target like any other (verify.py).

@@ -4,7 +4,6 @@ whole picture)."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -17,6 +16,7 @@ from ...llama.kvseq import Cancelled
 from ...metrics import Meter
 from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
 from ..policy import PolicySnapshot
+from .handoff import Base, Growing, Handoff, Ranked, Ready
 from .outcomes import Branch, LookupResult, SpeculationCache, outcome_of, rank_outcomes, why_missed
 
 
@@ -32,57 +32,42 @@ def _since(mark: tuple[float, int]) -> tuple[float, int]:
 class PrespecWorker:
     """The draft side of SSD, on its own thread. The engine calls lookup() /
     extend() / draft_now() (blocking; answered between two draft decodes, except a
-    lookup that finds a finished branch: answered at once) and verifying() (returns
+    lookup that the worker's publications answer: at once) and verifying() (returns
     at once; starts pre-speculation). It prepares what the policy's window and
     budget allow and never decides how much a round verifies: that is the engine's
     planner.
 
-    Between the two threads only the queues carry values: the engine's calls and
-    their answers, and with verifying() a PolicySnapshot (the policy itself is the
-    engine thread's). Two exceptions, both read on the engine thread:
-    - _preempt() reads three attributes the worker sets before each wave (base,
-      _abortable, _growing_first) to decide whether to set the draft context's
-      abort flag;
-    - lookup() reads _ready, the round's finished branches, which the worker
-      publishes as one new tuple after each wave; a branch in it is never written
-      again, so the engine may hand its tokens over while the worker decodes; and
-      _ranked, the outcomes the round's plan ranked (published once, before the
-      first wave): an outcome outside it is a miss the engine tells by itself.
-    The drafter, its KVSeq and the draft context are the worker's; the engine
-    reads drafter.kv only while the worker waits for a call (after an answer,
-    before the next verifying(); never after a hit, whose adopt may be under way),
-    and drafter.timing, which only a call (extend) writes, after that call's
-    answer. The worker writes the Meter only through meter.branches and
-    drafter.busy, both locked."""
+    Which thread owns what:
+    - handoff (handoff.py): all that the two threads share, the queues, the worker's
+      publications and the abort flag, with the rule for each. The engine-side methods
+      (lookup, extend, draft_now, verifying, close, _call, _preempt) touch only it,
+      meter.branches (locked) and, in close(), the thread's handle;
+    - everything else is the worker thread's: the drafter, its KVSeq and the draft
+      context, the cache and its free sequences, base, the round's plan (_policy,
+      _planned, _round_no), _found and error (an error in a message nobody waits
+      for, raised at the next call: it reaches the engine only through the outbox).
+      Two reads by the engine thread, each at a moment the worker leaves the part alone:
+      drafter.kv, only while the worker waits for a call (after an answer, before the
+      next verifying(); never after a hit, whose adopt may be under way), and
+      drafter.timing, which only a call (extend) writes, after that call's answer.
+    The worker writes the Meter only through meter.branches and drafter.busy, both
+    locked; `cancelled` is the engine's, polled by the worker between decodes."""
 
     def __init__(self, drafter: ModelDrafter, cfg: PrespecConfig, meter: Meter, n_seq: int,
                  cancelled: Callable[[], bool] | None = None) -> None:
         self.drafter = drafter
         self.ctx = drafter.ctx
+        self.handoff = Handoff(abort=self.ctx.abort)
         self._policy: PolicySnapshot | None = None  # what the round being prepared is ranked by
         self.cfg = cfg
         self.meter = meter
         self.cancelled = cancelled
         self.cache = SpeculationCache()
         self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
-        self.base: tuple[list[int], Draft] | None = None
+        self.base: Base | None = None  # the verify being prepared for; set only while preparing
         self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
-        # the finished branches of the round being verified, published by the worker as they finish:
-        # (round, base, {(a, b): branch}); the engine hands one over without a call (lookup())
-        self._ready: tuple[int, tuple[list[int], Draft], dict[tuple[int, int], Branch]] | None = None
-        # the outcomes the round's plan ranked, published once ranked: (round, base, outcomes); any other
-        # outcome is a miss the engine can tell without a call
-        self._ranked: tuple[int, tuple[list[int], Draft], frozenset[tuple[int, int]]] | None = None
-        self._round = 0  # the engine's count of verifying() calls (the round a publication belongs to)
-        self._looked = 0  # the engine's: the round it last looked up
-        self._round_no = 0  # the worker's copy: the round it prepares now
+        self._round_no = 0  # the round it prepares now (the engine's count, from its verifying message)
         self.error: BaseException | None = None
-        self._abortable = False  # True while growing branches (a decode the engine may abort)
-        # the outcome (a, b) of the likeliest branch while it grows alone: the engine lets a decode
-        # of the branch it is about to look up finish instead of aborting it
-        self._growing_first: tuple[int, int] | None = None
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
         self._thread.start()
 
@@ -92,25 +77,24 @@ class PrespecWorker:
         finished branch for it is handed over at once, without waiting for the worker's decode in
         flight: the worker makes it the main sequence when that decode ends (adopt, queued before any
         later call). Anything else is the worker's to answer, between two of its decodes."""
-        fresh = self._looked != self._round  # the round's first lookup (none follows a round the worker sat out)
-        self._looked = self._round
-        ready = self._ready  # one read: the worker replaces the tuple, never changes one
-        if fresh and ready is not None and ready[0] == self._round:
-            _, base, done = ready
-            outcome = outcome_of(base, history)
-            br = done.get(outcome) if outcome is not None else None
+        h = self.handoff
+        fresh = h.looked != h.round  # the round's first lookup (none follows a round the worker sat out)
+        h.looked = h.round
+        ready = h.ready  # one read: the worker replaces the tuple, never changes one
+        if fresh and ready is not None and ready.round == h.round:
+            outcome = outcome_of(ready.base, history)
+            br = ready.branches.get(outcome) if outcome is not None else None
             if br is not None:
-                self._ready = None
-                self._inbox.put(("adopt", (list(history), k, br)))
+                h.ready = None
+                h.inbox.put(("adopt", (list(history), k, br)))
                 return LookupResult("hit", br.draft(k), True)
-        ranked = self._ranked
-        if fresh and ranked is not None and ranked[0] == self._round:
-            _, base, planned = ranked
-            outcome = outcome_of(base, history)
-            if outcome not in planned:  # no branch was ever begun for it: nothing to wait for
-                self._ranked = None
-                self._inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
-                self.meter.branches.add_miss(why_missed(outcome, planned))
+        ranked = h.ranked
+        if fresh and ranked is not None and ranked.round == h.round:
+            outcome = outcome_of(ranked.base, history)
+            if outcome not in ranked.outcomes:  # no branch was ever begun for it: nothing to wait for
+                h.ranked = None
+                h.inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
+                self.meter.branches.add_miss(why_missed(outcome, ranked.outcomes))
                 return LookupResult("miss", None)
         return self._call("lookup", history, k)
 
@@ -126,31 +110,31 @@ class PrespecWorker:
         is let finish when it is the outcome being looked up (`history`): it is the hit.
 
         Runs on the engine thread; it only reads what the worker publishes before each wave
-        (`base`, `_abortable`, `_growing_first`; single attribute reads under the GIL) and sets the
-        abort flag, which the worker clears before each message it takes."""
-        if not self._abortable:
+        (handoff.growing, one attribute read under the GIL) and sets the abort flag, which the
+        worker clears before each message it takes."""
+        growing = self.handoff.growing
+        if growing is None:
             return
-        first, base = self._growing_first, self.base
-        if first is not None and history is not None and base is not None and outcome_of(base, history) == first:
+        if growing.first is not None and history is not None and outcome_of(growing.base, history) == growing.first:
             return
-        self.ctx.abort.set()
+        self.handoff.abort.set()
 
     def verifying(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
         bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
-        self._round += 1
-        self._inbox.put(("verifying", (self._round, list(history), draft, policy)))
+        self.handoff.round += 1
+        self.handoff.inbox.put(("verifying", (self.handoff.round, list(history), draft, policy)))
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
         if self._thread.is_alive():
-            self._inbox.put(("stop", ()))
+            self.handoff.inbox.put(("stop", ()))
             self._thread.join()
 
     def _call(self, kind: str, *args: Any) -> Any:
         self._preempt(args[0] if kind == "lookup" else None)
-        self._inbox.put((kind, args))
-        status, value, (seconds, rows) = self._outbox.get()
+        self.handoff.inbox.put((kind, args))
+        status, value, (seconds, rows) = self.handoff.outbox.get()
         DECODES.add(seconds, rows)  # the call's decodes, waited for here, are this thread's time in decodes
         if status == "err":
             raise value
@@ -159,8 +143,8 @@ class PrespecWorker:
     # ------------------------------------------------------------ worker thread
     def _run(self) -> None:
         while True:
-            kind, args = self._inbox.get()
-            self.ctx.abort.clear()
+            kind, args = self.handoff.inbox.get()
+            self.handoff.abort.clear()
             if kind == "stop":
                 self._finish()
                 return
@@ -179,15 +163,15 @@ class PrespecWorker:
                 if self.error is not None:
                     raise self.error
                 result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
-                self._outbox.put(("ok", result, _since(decoded)))
+                self.handoff.outbox.put(("ok", result, _since(decoded)))
             except BaseException as e:  # handed to the engine thread, raised there
                 if kind in ("verifying", "adopt", "missed"):  # nobody waits for these: the next call raises it
                     self.error = e
                 else:
-                    self._outbox.put(("err", e, _since(decoded)))
+                    self.handoff.outbox.put(("err", e, _since(decoded)))
 
     def _interrupted(self) -> bool:
-        return not self._inbox.empty()
+        return not self.handoff.inbox.empty()
 
     def _busy(self, t0: float) -> None:
         self.drafter.busy.add(time.perf_counter() - t0)
@@ -251,7 +235,7 @@ class PrespecWorker:
     def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
-        self._ready = self._ranked = None
+        self.handoff.ready = self.handoff.ranked = None
         self._round_no = round_no
         self._planned = set()  # the outcomes this round's plan ranked (a miss's reason reads it)
         if self._interrupted():
@@ -297,7 +281,7 @@ class PrespecWorker:
                              coupled=None if self.drafter.sampling.greedy else (self.drafter.seed, len(history)))
         self._planned = {(o.a, o.b) for o in plan}
         # published: an outcome outside the plan is a miss the engine tells without asking (lookup())
-        self._ranked = (self._round_no, self.base, frozenset(self._planned))
+        self.handoff.ranked = Ranked(self._round_no, self.base, frozenset(self._planned))
         if not plan:
             return
         n = len(history)
@@ -314,19 +298,17 @@ class PrespecWorker:
                 branches.append(br)
             # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds),
             # but the likeliest one not when the engine looks up its very outcome.
-            self._growing_first = (group[0].a, group[0].b) if wave == 0 and group else None
-            self._abortable = True
+            self.handoff.growing = Growing(self.base, (group[0].a, group[0].b) if wave == 0 and group else None)
             try:
                 if not self._grow(branches, depth):
                     return
             except Aborted:
                 return
             finally:
-                self._abortable = False
-                self._growing_first = None
+                self.handoff.growing = None
             # published: the engine may hand these over without asking (lookup())
             done = {key: br for key, br in self.cache.branches.items() if br.done}
-            self._ready = (self._round_no, self.base, done)
+            self.handoff.ready = Ready(self._round_no, self.base, done)
 
     def _grow(self, branches: list[Branch], depth: int) -> bool:
         """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
