@@ -1,0 +1,147 @@
+"""Which verification outcomes SSD prepares, and the branches prepared for them.
+
+An outcome (a, b) is a round's verification result: a draft tokens accepted, then the target's token
+b. rank_outcomes picks the likeliest within the fan-out and the cell budget; the SpeculationCache
+holds a Branch for each one the worker grows; why_missed and outcome_of read a finished round
+against them. All of it is plain data: the worker thread (worker.py) is what fills it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from ...coupling import gumbels
+from ...llama.kvseq import common_prefix
+from ..drafters import Candidates, Draft
+
+
+class Outcome(NamedTuple):
+    a: int        # draft tokens accepted
+    b: int        # recovery (a < k) or bonus (a == k) token
+    score: float  # estimated probability
+
+
+def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: np.ndarray, *, fanout: int,
+                  min_confidence: float, budget_cells: int, cells_per_branch: int,
+                  coupled: tuple[int, int] | None = None) -> list[Outcome]:
+    """The outcomes worth preparing, likeliest first.
+
+    P(a, b) = P(a) * P(b | a), where P(a) comes from acceptance history and
+    P(b | a) from the draft's own distribution at position a: for a < k the
+    drafted token is excluded and the rest renormalised (the target's residual
+    has no mass on it); for a == k, the draft's distribution after d[k-1].
+    Kept while score >= min_confidence, at most `fanout`, within the cell budget.
+
+    coupled (seed, position of cands[0]), when sampling: the target's token at a position is its
+    coupled draw there, argmax log p + G(seed, position) (coupling.py). The draft's own coupled order,
+    log q + G with the same noise, predicts it better than q's order does (where q = p the two draws
+    are equal), so the candidates are ranked in that order, the likeliest of q's probabilities going
+    to its first. (Which outcome is prepared never touches losslessness: a branch is only a proposal.)
+    """
+    k = len(draft)
+    n = min(k + 1, len(cands))
+    scored: list[Outcome] = []
+    noise = None
+    if coupled is not None and n:  # every position's noise in one call (a call each cost 15 us)
+        seed, first = coupled
+        grid = np.zeros((n, max(len(c.ids) for c in cands[:n])), np.int64)
+        for a in range(n):
+            grid[a, :len(cands[a].ids)] = cands[a].ids
+        noise = gumbels(seed, first + np.arange(n)[:, None], grid)
+    for a in range(n):
+        ids, pr = cands[a].ids, cands[a].probs
+        g = noise[a, :len(ids)] if noise is not None else None
+        if a < k:
+            is_drafted = ids == draft[a]
+            rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
+            ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
+            g = g[~is_drafted] if g is not None else None
+        if g is not None and len(ids) > 1:
+            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + g), kind="stable")
+            ranked = np.empty_like(pr)
+            ranked[order] = -np.sort(-pr)
+            pr = ranked
+        scored.extend(Outcome(a, int(t), float(p_accept[a] * pb)) for t, pb in zip(ids, pr))
+    scored.sort(key=lambda o: -o.score)
+    plan: list[Outcome] = []
+    for o in scored:
+        if o.score < min_confidence or len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
+            break
+        plan.append(o)
+    return plan
+
+
+@dataclass
+class Branch:
+    """One prepared continuation: history C + d[:a] + [b], then `tokens`."""
+
+    a: int
+    b: int
+    seq: int
+    pos: int                  # next KV position to write in this sequence
+    feed: int                 # the token to decode next (b, then each drafted token)
+    tokens: list[int] = field(default_factory=list)
+    cands: list[Candidates] = field(default_factory=list)
+    cells: int = 0            # KV cells this branch holds beyond the shared prefix
+    done: bool = False
+
+    def draft(self, n: int) -> Draft:
+        """Its first n drafted tokens (at most what it has), with their candidates."""
+        n = min(n, len(self.tokens))
+        return Draft(tuple(self.tokens[:n]), "prespec", tuple(self.cands[:n]))
+
+
+class SpeculationCache:
+    """(a, b) -> Branch, with the cells they hold."""
+
+    def __init__(self) -> None:
+        self.branches: dict[tuple[int, int], Branch] = {}
+
+    def get(self, a: int, b: int) -> Branch | None:
+        return self.branches.get((a, b))
+
+    def put(self, br: Branch) -> None:
+        self.branches[(br.a, br.b)] = br
+
+    def cells(self) -> int:
+        return sum(br.cells for br in self.branches.values())
+
+    def prepared_tokens(self) -> int:
+        return sum(len(br.tokens) for br in self.branches.values())
+
+    def pop_all(self) -> list[Branch]:
+        out = list(self.branches.values())
+        self.branches.clear()
+        return out
+
+
+class LookupResult(NamedTuple):
+    status: str           # "hit", "partial", "miss", or "none" (nothing was pre-speculated)
+    draft: Draft | None
+    finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
+
+
+def why_missed(outcome: tuple[int, int] | None, planned: set[tuple[int, int]] | frozenset[tuple[int, int]]) -> str:
+    """Why no branch was there for the round's outcome (a, b), one of MISS_REASONS; `planned`: the
+    outcomes the round's plan ranked."""
+    if outcome is None:
+        return "off-path"  # the round did not end as a verify of the draft looked at
+    if outcome in planned:
+        return "not-ready"  # ranked, but the worker had not begun its branch when the verify ended
+    if any(a == outcome[0] for a, _ in planned):
+        return "wrong-token"  # the accepted count was prepared, with another next token
+    return "wrong-count" if planned else "none-ranked"  # nothing ranked above the floor and budget
+
+
+def outcome_of(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, int] | None:
+    """The verification outcome (a, b) that took history C + d to `history`: a draft tokens of d
+    accepted, then the target's token b; None if `history` does not follow C that way."""
+    C, d = base
+    n = len(C)
+    a = common_prefix(history[n:], d.tokens)
+    if len(history) == n + a + 1 and history[:n] == C:
+        return a, history[n + a]
+    return None

@@ -1,0 +1,346 @@
+"""The pre-speculation worker: the thread that owns the draft context while SSD is on, grows the
+branches that outcomes.py ranks, and answers the engine's lookups (the package's docstring tells the
+whole picture)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ...config import PrespecConfig
+from ...interface import DECODES, Aborted
+from ...llama.kvseq import Cancelled
+from ...metrics import Meter
+from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
+from ..policy import PolicySnapshot
+from .handoff import Base, Growing, Handoff, Ranked, Ready
+from .outcomes import Branch, LookupResult, SpeculationCache, outcome_of, rank_outcomes, why_missed
+
+
+READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
+
+
+def _since(mark: tuple[float, int]) -> tuple[float, int]:
+    """This thread's (seconds, rows) in decodes since DECODES.read() gave `mark`."""
+    seconds, rows = DECODES.read()
+    return seconds - mark[0], rows - mark[1]
+
+
+class PrespecWorker:
+    """The draft side of SSD, on its own thread. The engine calls lookup() /
+    extend() / draft_now() (blocking; answered between two draft decodes, except a
+    lookup that the worker's publications answer: at once) and verifying() (returns
+    at once; starts pre-speculation). It prepares what the policy's window and
+    budget allow and never decides how much a round verifies: that is the engine's
+    planner.
+
+    Which thread owns what:
+    - handoff (handoff.py): all that the two threads share, the queues, the worker's
+      publications and the abort flag, with the rule for each. The engine-side methods
+      (lookup, extend, draft_now, verifying, close, _call, _preempt) touch only it,
+      meter.branches (locked) and, in close(), the thread's handle;
+    - everything else is the worker thread's: the drafter, its KVSeq and the draft
+      context, the cache and its free sequences, base, the round's plan (_policy,
+      _planned, _round_no), _found and error (an error in a message nobody waits
+      for, raised at the next call: it reaches the engine only through the outbox).
+      Two reads by the engine thread, each at a moment the worker leaves the part alone:
+      drafter.kv, only while the worker waits for a call (after an answer, before the
+      next verifying(); never after a hit, whose adopt may be under way), and
+      drafter.timing, which only a call (extend) writes, after that call's answer.
+    The worker writes the Meter only through meter.branches and drafter.busy, both
+    locked; `cancelled` is the engine's, polled by the worker between decodes."""
+
+    def __init__(self, drafter: ModelDrafter, cfg: PrespecConfig, meter: Meter, n_seq: int,
+                 cancelled: Callable[[], bool] | None = None) -> None:
+        self.drafter = drafter
+        self.ctx = drafter.ctx
+        self.handoff = Handoff(abort=self.ctx.abort)
+        self._policy: PolicySnapshot | None = None  # what the round being prepared is ranked by
+        self.cfg = cfg
+        self.meter = meter
+        self.cancelled = cancelled
+        self.cache = SpeculationCache()
+        self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
+        self.base: Base | None = None  # the verify being prepared for; set only while preparing
+        self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
+        self._round_no = 0  # the round it prepares now (the engine's count, from its verifying message)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ engine side
+    def lookup(self, history: list[int], k: int) -> LookupResult:
+        """What the worker prepared for the outcome that took the verified round to `history`. A
+        finished branch for it is handed over at once, without waiting for the worker's decode in
+        flight: the worker makes it the main sequence when that decode ends (adopt, queued before any
+        later call). Anything else is the worker's to answer, between two of its decodes."""
+        h = self.handoff
+        fresh = h.looked != h.round  # the round's first lookup (none follows a round the worker sat out)
+        h.looked = h.round
+        ready = h.ready  # one read: the worker replaces the tuple, never changes one
+        if fresh and ready is not None and ready.round == h.round:
+            outcome = outcome_of(ready.base, history)
+            br = ready.branches.get(outcome) if outcome is not None else None
+            if br is not None:
+                h.ready = None
+                h.inbox.put(("adopt", (list(history), k, br)))
+                return LookupResult("hit", br.draft(k), True)
+        ranked = h.ranked
+        if fresh and ranked is not None and ranked.round == h.round:
+            outcome = outcome_of(ranked.base, history)
+            if outcome not in ranked.outcomes:  # no branch was ever begun for it: nothing to wait for
+                h.ranked = None
+                h.inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
+                self.meter.branches.add_miss(why_missed(outcome, ranked.outcomes))
+                return LookupResult("miss", None)
+        return self._call("lookup", history, k)
+
+    def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
+        return self._call("draft_now", history, k, go_on, guess)
+
+    def extend(self, history: list[int], k: int) -> Draft:
+        """Draft the branch that the last lookup found (a partial hit) on to k tokens."""
+        return self._call("extend", history, k)
+
+    def _preempt(self, history: list[int] | None = None) -> None:
+        """Stop a branch decode in flight: the engine is waiting. A decode of the likeliest branch
+        is let finish when it is the outcome being looked up (`history`): it is the hit.
+
+        Runs on the engine thread; it only reads what the worker publishes before each wave
+        (handoff.growing, one attribute read under the GIL) and sets the abort flag, which the
+        worker clears before each message it takes."""
+        growing = self.handoff.growing
+        if growing is None:
+            return
+        if growing.first is not None and history is not None and outcome_of(growing.base, history) == growing.first:
+            return
+        self.handoff.abort.set()
+
+    def verifying(self, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
+        """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
+        bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
+        self.handoff.round += 1
+        self.handoff.inbox.put(("verifying", (self.handoff.round, list(history), draft, policy)))
+
+    def close(self) -> None:
+        """Stop the thread and leave the draft context with one sequence (0)."""
+        if self._thread.is_alive():
+            self.handoff.inbox.put(("stop", ()))
+            self._thread.join()
+
+    def _call(self, kind: str, *args: Any) -> Any:
+        self._preempt(args[0] if kind == "lookup" else None)
+        self.handoff.inbox.put((kind, args))
+        status, value, (seconds, rows) = self.handoff.outbox.get()
+        DECODES.add(seconds, rows)  # the call's decodes, waited for here, are this thread's time in decodes
+        if status == "err":
+            raise value
+        return value
+
+    # ------------------------------------------------------------ worker thread
+    def _run(self) -> None:
+        while True:
+            kind, args = self.handoff.inbox.get()
+            self.handoff.abort.clear()
+            if kind == "stop":
+                self._finish()
+                return
+            decoded = DECODES.read()
+            try:
+                if kind == "verifying":
+                    self._prespec(*args)
+                    continue
+                if kind == "adopt":
+                    self._adopt(*args)
+                    continue
+                if kind == "missed":
+                    self.base = None
+                    self._drop_branches()
+                    continue
+                if self.error is not None:
+                    raise self.error
+                result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
+                self.handoff.outbox.put(("ok", result, _since(decoded)))
+            except BaseException as e:  # handed to the engine thread, raised there
+                if kind in ("verifying", "adopt", "missed"):  # nobody waits for these: the next call raises it
+                    self.error = e
+                else:
+                    self.handoff.outbox.put(("err", e, _since(decoded)))
+
+    def _interrupted(self) -> bool:
+        return not self.handoff.inbox.empty()
+
+    def _busy(self, t0: float) -> None:
+        self.drafter.busy.add(time.perf_counter() - t0)
+
+    def _draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
+        self._drop_branches()
+        self.base = None
+        self._planned: set[tuple[int, int]] = set()
+        t0 = time.perf_counter()
+        try:
+            return self.drafter.extend(history, k=k, cancelled=self.cancelled, go_on=go_on, guess=guess)
+        finally:
+            self._busy(t0)
+
+    def _lookup(self, history: list[int], k: int) -> LookupResult:
+        if self.base is None:
+            return LookupResult("none", None)
+        outcome = outcome_of(self.base, history)
+        self.base = None
+        br = self.cache.get(*outcome) if outcome is not None else None
+        self._found = br
+        if br is None:
+            self.meter.branches.add_miss(why_missed(outcome, self._planned))
+            self._drop_branches()
+            return LookupResult("miss", None)
+        self._take(history, k, br)
+        finished = br.done or len(br.tokens) >= k
+        return LookupResult("hit" if finished else "partial", br.draft(k), finished)
+
+    def _adopt(self, history: list[int], k: int, br: Branch) -> None:
+        """The engine took the finished branch `br` for the outcome that gave `history` (lookup())."""
+        self.base = None
+        self._found = br
+        self._take(history, k, br)
+
+    def _take(self, history: list[int], k: int, br: Branch) -> None:
+        """The branch becomes the main sequence; every other sequence goes."""
+        self.cache.branches.pop((br.a, br.b))
+        self._drop_branches()
+        fed = br.pos - len(history)  # drafted tokens already in the branch's KV (-1: not even b yet)
+        held = list(history) + br.tokens[:fed] if fed >= 0 else list(history)[:br.pos]
+        self.free_seqs.append(self.drafter.kv.adopt(br.seq, held))
+        self.meter.branches.add_used(min(len(br.tokens), k))
+
+    def _extend(self, history: list[int], k: int) -> Draft:
+        br, self._found = self._found, None
+        assert br is not None, "extend() follows a lookup that found a branch"
+        t0 = time.perf_counter()
+        try:
+            return self.drafter.extend(history, br.tokens, br.cands, k=k, cancelled=self.cancelled,
+                                       speculator="prespec")
+        finally:
+            self._busy(t0)
+
+    def _drop_branches(self) -> None:
+        for br in self.cache.pop_all():
+            self.ctx.seq_rm(br.seq, 0, -1)
+            self.free_seqs.append(br.seq)
+        self.meter.branches.set_cells(0)
+
+    def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
+        self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
+        self.base = None
+        self.handoff.ready = self.handoff.ranked = None
+        self._round_no = round_no
+        self._planned = set()  # the outcomes this round's plan ranked (a miss's reason reads it)
+        if self._interrupted():
+            return
+        self._policy = policy  # what _prepare ranks outcomes by
+        self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
+        t0 = time.perf_counter()
+        try:
+            self._prepare(history, draft, policy.depth)
+        finally:
+            self._busy(t0)
+
+    def _read(self, full: list[int], rows: int) -> np.ndarray | None:
+        """Make the main sequence hold `full` and return its last `rows` logit rows, reading in
+        chunks of READ_CHUNK tokens; None if the engine asked for the worker in between (what was
+        read is kept: the next round reads on from there). A catch-up read (the prompt, rounds the
+        draft sat out) can outlast the target's verify, above all where the target already holds
+        the prompt in its cache and the draft does not."""
+        try:
+            return self.drafter.kv.feed(full, rows, self._stop_reading, chunk=READ_CHUNK)
+        except Cancelled:
+            if self.cancelled is not None and self.cancelled():
+                raise  # the generation was cancelled: the engine ends it
+            return None
+
+    def _stop_reading(self) -> bool:
+        """Whether the worker should stop between two decodes: the engine asks, or the generation ends."""
+        return self._interrupted() or (self.cancelled is not None and self.cancelled())
+
+    def _prepare(self, history: list[int], draft: Draft, depth: int) -> None:
+        k = len(draft)
+        temp = self.drafter.cand_temperature()
+        cands = list(draft.cands or ())
+        new = len(cands) < k  # not drafted by the model here (n-gram backup): its rows give the candidates
+        rows = self._read(history + list(draft.tokens), k + 1 if new else 1)
+        if rows is None or self._interrupted():
+            return
+        # only the last draft token is new to a model draft: its row gives the bonus candidates
+        cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
+        plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
+                             min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
+                             cells_per_branch=depth,
+                             coupled=None if self.drafter.sampling.greedy else (self.drafter.seed, len(history)))
+        self._planned = {(o.a, o.b) for o in plan}
+        # published: an outcome outside the plan is a miss the engine tells without asking (lookup())
+        self.handoff.ranked = Ranked(self._round_no, self.base, frozenset(self._planned))
+        if not plan:
+            return
+        n = len(history)
+        main = self.drafter.kv.seq
+        for wave, group in enumerate((plan[:1], plan[1:])):
+            branches = []
+            for o in group:
+                if not self.free_seqs:
+                    break
+                seq = self.free_seqs.pop()
+                self.ctx.seq_cp(main, seq, 0, n + o.a)  # shares the cells of C + d[:a]: metadata only
+                br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
+                self.cache.put(br)
+                branches.append(br)
+            # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds),
+            # but the likeliest one not when the engine looks up its very outcome.
+            self.handoff.growing = Growing(self.base, (group[0].a, group[0].b) if wave == 0 and group else None)
+            try:
+                if not self._grow(branches, depth):
+                    return
+            except Aborted:
+                return
+            finally:
+                self.handoff.growing = None
+            # published: the engine may hand these over without asking (lookup())
+            done = {key: br for key, br in self.cache.branches.items() if br.done}
+            self.handoff.ready = Ready(self._round_no, self.base, done)
+
+    def _grow(self, branches: list[Branch], depth: int) -> bool:
+        """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
+        drafter = self.drafter
+        while True:
+            live = [br for br in branches if not br.done]
+            if not live:
+                return True
+            if self._stop_reading():
+                return False
+            # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
+            rows = self.ctx.decode([br.feed for br in live], [br.pos for br in live], [br.seq for br in live],
+                                   list(range(len(live))), copy=False)
+            for br, row in zip(live, rows):
+                br.pos += 1
+                br.cells += 1
+                if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
+                    br.done = True
+                    continue
+                cand = top_candidates(row, drafter.cand_temperature())
+                t = drafter.pick(row, br.pos, cand)
+                br.tokens.append(t)
+                br.cands.append(cand)
+                br.feed = t
+                self.meter.branches.add_prepared(1)
+                br.done = len(br.tokens) >= depth
+            self.meter.branches.set_cells(self.cache.cells())
+
+    def _finish(self) -> None:
+        """Drop branches and move the main sequence back to 0 for the next generation."""
+        try:
+            self._drop_branches()
+            self.drafter.kv.move_to(0)
+        except BaseException as e:  # pragma: no cover - reported at the next use
+            self.error = e
