@@ -83,10 +83,10 @@ class BenchArgs:
             modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
 
     def priced_pair(self):
-        """The priced pair --priced names (ssd_edge.priced.Priced), or None."""
+        """The priced pair --priced names (bench/priced: Priced), or None."""
         if self.priced is None:
             return None
-        from ..priced import Priced
+        from .priced import Priced
 
         return Priced.parse(self.priced, self.agreement)
 

@@ -1,4 +1,4 @@
-"""`ssd-edge bench --priced TABLE[@AGREEMENT]`: the bench's modes on a priced pair (ssd_edge/priced)
+"""`ssd-edge bench --priced TABLE[@AGREEMENT]`: the bench's modes on a priced pair (bench/priced/)
 instead of model files: a synthetic target and draft whose decodes wait what one llama_decode of that
 size took on a GPU. Every result is labelled with the table (Priced.label: "priced: H200 table ..."),
 never as a measured GPU.
@@ -18,7 +18,7 @@ import platform
 from ..planning import profile as prof
 from ..planning.costs import describe_regime
 from ..planning.planner import NGRAM_CAP
-from ..priced import Priced
+from .priced import Priced
 from .calibrate import PREFIX, Progress, filler, measure
 from .schema import MachineInfo, ModelInfo, Setting
 

@@ -350,7 +350,7 @@ def test_a_stand_in_runs_every_setting_again_on_its_own_target(tmp_path):
         bench_args.BenchArgs(stand_in="q9").checked()
 
 
-# ---------------------------------------------------------------- --priced (ssd_edge/priced, bench/pricing.py)
+# ---------------------------------------------------------------- --priced (ssd_edge/bench/priced, bench/pricing.py)
 
 def test_a_priced_run_needs_no_model_files_and_is_labelled_priced(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import EngineConfig
-from ..engine import Engine
-from ..errors import ConfigError
+from ...config import EngineConfig
+from ...engine import Engine
+from ...errors import ConfigError
 from .backend import PricedContext, PricedModel
 from .prices import TABLES, PriceTable
 
