@@ -287,6 +287,17 @@ def test_the_priced_backend_implements_the_protocol():
     assert isinstance(ctx.abort, AbortSignal)
 
 
+def test_from_ssd_edge_import_priced_is_the_benchs_priced_pair():
+    """The documented `from ssd_edge import priced` reaches ssd_edge/bench/priced itself (a re-export, no copy)."""
+    import ssd_edge
+    import ssd_edge.bench.priced as bench_priced
+    from ssd_edge import priced
+
+    assert priced is bench_priced and priced.Priced is Priced and priced.engine is bench_priced.engine
+    with pytest.raises(AttributeError, match="no attribute 'pricing'"):
+        ssd_edge.pricing  # noqa: B018 (only the names it re-exports)
+
+
 def test_a_priced_pair_is_named_by_its_table_and_the_drafts_agreement():
     assert Priced.parse("h200-7b@0.8") == Priced("h200-7b", 0.8)
     assert Priced.parse("h200-1.5b", 0.9).agreement == 0.9 and Priced.parse("h200-1.5b").agreement == 0.95
