@@ -55,7 +55,7 @@ def calibrate(engine, p: Priced, progress: Progress | None = None) -> prof.Profi
 def machine(p: Priced, cores: int) -> MachineInfo:
     import psutil
 
-    return MachineInfo(hostname=platform.node(), os=platform.platform(), machine=platform.machine(),
+    return MachineInfo(os=platform.platform(), machine=platform.machine(),
                        cpu=prof.device_info().cpu, cores=cores, ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
                        python=platform.python_version(), llama_system_info="not used (a priced pair)",
                        load_avg_start=os.getloadavg(), priced=p.label)

@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import paths
 from ..config import EngineConfig
 from ..planning.planner import FIXED_K
 from ..errors import ConfigError, SSDEdgeError
 from .args import BenchArgs, load_prompts, quick_prompts
-from .machine import hardware_settings, library_versions, machine_info
+from .machine import PortablePaths, hardware_settings, library_versions, machine_info
 from .record import run_one
 from .schema import BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord, Setting
 
@@ -202,10 +203,11 @@ class Bench:
         from . import peer as bench_peer, pricing as bench_pricing, report as bench_report
 
         a = self.args
+        shown = PortablePaths(paths.models_dir(a.models_dir))  # a result names no machine (machine.py)
         machine.load_avg_end = os.getloadavg()
         peer = PeerInfo(
-            available=self.peer_bin is not None, binary=str(self.peer_bin) if self.peer_bin else None,
-            version=bench_peer.version(self.peer_bin) if self.peer_bin else None,
+            available=self.peer_bin is not None, binary=shown.path(self.peer_bin) if self.peer_bin else None,
+            version=shown.text(bench_peer.version(self.peer_bin)) if self.peer_bin else None,
             note=("llama-speculative-simple --spec-type draft-simple, same models, rendered prompt, threads, "
                   "draft length, --spec-draft-p-min 0, greedy; tokens/s from its 'decoded' line"
                   + ("; llama-lookup (n-gram lookup, the target alone) at the same draft length" if self.lookup_bin
@@ -213,7 +215,7 @@ class Bench:
             if self.peer_bin else bench_pricing.PEER_NOTE if self.priced else
             ("not available: --no-peer" if a.no_peer else
              "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh or --llama-tools DIR)"),
-            runs=self.peer_runs, errors=self.peer_errors)
+            runs=self.peer_runs, errors=[shown.text(e) for e in self.peer_errors])
         summary = bench_report.summarize(self.records, self.peer_runs, k=self.peer_k)
         opts = BenchOptions(modes=list(a.modes), settings=[s.name for s in self.settings if not s.stand_in], k=a.k,
                             max_tokens=a.max_tokens, reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size,
@@ -227,16 +229,19 @@ class Bench:
             "decode tokens/s counts the tokens after the first round over the time after it (the first round "
             "carries the prompt); speedups are ratios of those within this run",
         ]
+        models = (bench_pricing.models(self.priced) if self.priced else
+                  [ModelInfo(role="target", name=self.target.name, path=str(self.target),
+                             size=self.target.stat().st_size),
+                   ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
+                  + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
+                     for p in {Path(s.target) for s in self.settings if s.target}])
         return BenchResult(
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            command=["ssd-edge", "bench", *a.argv], duration_s=time.perf_counter() - self.t0, interrupted=interrupted,
-            machine=machine, libraries=library_versions(),
-            models=bench_pricing.models(self.priced) if self.priced else
-            [ModelInfo(role="target", name=self.target.name, path=str(self.target), size=self.target.stat().st_size),
-             ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
-            + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
-               for p in {Path(s.target) for s in self.settings if s.target}],
-            options=opts, settings=self.settings, engine_configs=self.engine_configs, prompts=self.prompts,
+            command=["ssd-edge", "bench", *(shown.text(x) for x in a.argv)], duration_s=time.perf_counter() - self.t0,
+            interrupted=interrupted, machine=machine, libraries=library_versions(),
+            models=[m.model_copy(update=dict(path=shown.path(m.path))) for m in models], options=opts,
+            settings=[s.model_copy(update=dict(target=shown.path(s.target))) if s.target else s for s in self.settings],
+            engine_configs={name: shown.models_of(c) for name, c in self.engine_configs.items()}, prompts=self.prompts,
             profile=self.profile, runs=self.records, peer=peer, summary=summary,
             goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in and s.target_threads == self.cores]), notes=notes)
 

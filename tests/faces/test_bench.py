@@ -6,7 +6,9 @@ is in tests/real/test_bench_real.py)."""
 from __future__ import annotations
 
 import json
+import platform
 import re
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -160,7 +162,7 @@ def test_a_stand_in_setting_is_held_to_the_memory_bound_speedups():
 def fake_result(tmp_path: Path) -> BenchResult:
     runs, peer = fake_runs(), fake_peer()
     rows = bench_report.summarize(runs, peer, k=4)
-    machine = schema.MachineInfo(hostname="h", os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
+    machine = schema.MachineInfo(os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
                                 python="3.11", llama_system_info="AVX2 = 1", load_avg_start=(0.1, 0.2, 0.3),
                                 load_avg_end=(0.4, 0.5, 0.6))
     settings = list(bench_machine.hardware_settings(2).values())
@@ -307,13 +309,86 @@ def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, pair)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench.Bench, "run", interrupted_run)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the files below are outside it: written by name
     code, _, err = ssd_edge(["bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
     assert code == 130
     result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
     assert result.interrupted and result.runs == done
-    assert result.command == ["ssd-edge", "bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")]
+    assert result.command == ["ssd-edge", "bench", "-m", "t.gguf", "-md", "d.gguf", "--no-peer", "--no-plot",
+                              "-o", "out"]
     assert "INTERRUPTED" in (tmp_path / "out" / "bench.md").read_text()
     assert "partial results" in err
+
+
+def test_portable_paths_fold_this_machines_paths_and_leave_other_slashes():
+    shown = bench_machine.PortablePaths(Path("/h/.cache/ssd-edge/models"), home=Path("/h"))
+    assert [shown.path(p) for p in ("/h/.cache/ssd-edge/models/qwen/t.gguf", "/h/m/d.gguf", "/work/x/out",
+                                    "qwen/t.gguf", "qwen-1.5b")] == ["qwen/t.gguf", "~/m/d.gguf", "out",
+                                                                     "qwen/t.gguf", "qwen-1.5b"]
+    assert shown.text("-o=/work/out: failed to open '/h/m/d.gguf' (-f /tmp/p/prompt.txt)") == \
+        "-o=out: failed to open '~/m/d.gguf' (-f prompt.txt)"
+    kept = "12.5 tokens/s, 1/2, </s>, http://host/x, ~/m/d.gguf, a / b"
+    assert shown.text(kept) == kept
+
+
+def test_a_bench_result_names_no_machine(tmp_path, monkeypatch):
+    """bench.json and bench.md hold no hostname and no absolute path, through the real run and result: the
+    engine is a priced one over each setting's own config (its paths are not read), llama.cpp's tools are
+    scripts, one of them failing with its command line. The target in the models folder is written relative
+    to it, the draft under home with ~, anything else (the tools, the output, the peer's prompt file) by name."""
+    from ssd_edge.bench.priced import Priced
+
+    home = tmp_path / "home"
+    models = home / ".cache" / "ssd-edge" / "models"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SSD_EDGE_HOME", str(models.parent))
+    monkeypatch.delenv("SSD_EDGE_MODELS", raising=False)
+    monkeypatch.delenv("SSD_EDGE_LLAMA_TOOLS", raising=False)
+    monkeypatch.setattr(platform, "node", lambda: "bench-host-7f3a")
+    monkeypatch.setattr(socket, "gethostname", lambda: "bench-host-7f3a")
+    monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")
+    target, draft = models / "qwen" / "t.gguf", home / "elsewhere" / "d.gguf"
+    for f in (target, draft):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"GGUF" + b"\0" * 12)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / bench_peer.BINARY).write_text(f"#!/bin/sh\ncat <<'EOF'\n{PEER_OUTPUT}\nEOF\n")
+    (tools / bench_peer.LOOKUP).write_text('#!/bin/sh\necho "failed to load: $@" >&2\nexit 1\n')
+    for exe in tools.iterdir():
+        exe.chmod(0o755)
+    monkeypatch.setattr(bench.Bench, "open_engine", lambda self, cfg: Priced().engine(cfg))
+    out = tmp_path / "out"
+    code, _, err = ssd_edge(["bench", "-m", str(target), "-md", str(draft), "--quick", "--modes", "ar,sd",
+                             "--settings", "separate", "--category", "code", "--llama-tools", str(tools),
+                             f"--output={out}", "--no-plot"])
+    assert code == 0, err
+    text, md = (out / "bench.json").read_text(), (out / "bench.md").read_text()
+    result = BenchResult.model_validate_json(text)
+    assert [r.mode for r in result.runs] == ["ar", "sd"] and len(result.peer.runs) == 1  # it ran, peer and all
+
+    assert "bench-host-7f3a" not in text + md and str(tmp_path) not in text + md
+    written = json.loads(text)
+    del written["prompts"]  # the suite's own text, not this machine's
+
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        return [s for v in x for s in strings(v)] if isinstance(x, list) else [x] if isinstance(x, str) else []
+    assert [s for s in strings(written) + md.splitlines() if re.search(r"(^|[\s'\"=(])/\w", s)] == []
+
+    assert [(m.name, m.path) for m in result.models] == [("t.gguf", "qwen/t.gguf"), ("d.gguf", "~/elsewhere/d.gguf")]
+    config = result.engine_configs["separate"]
+    assert (config["target"]["path"], config["draft"]["path"]) == ("qwen/t.gguf", "~/elsewhere/d.gguf")
+    assert result.command == ["ssd-edge", "bench", "-m", "qwen/t.gguf", "-md", "~/elsewhere/d.gguf", "--quick",
+                              "--modes", "ar,sd", "--settings", "separate", "--category", "code",
+                              "--llama-tools", "tools", "--output=out", "--no-plot"]
+    assert result.peer.binary == bench_peer.BINARY
+    assert len(result.peer.errors) == 1 and "failed to load: -m qwen/t.gguf " in result.peer.errors[0]
+    assert " -f prompt.txt " in result.peer.errors[0]  # the peer's prompt file, in a temporary folder
+    older = json.loads(text)
+    older["machine"]["hostname"] = "an-old-host"  # a file written before the hostname was dropped still reads
+    assert BenchResult.model_validate(older).machine == result.machine
 
 
 def test_progress_is_plain_lines_on_stderr_when_it_is_not_a_terminal(tmp_path, monkeypatch, pair):
