@@ -33,4 +33,8 @@ def __getattr__(name: str) -> Any:
         from . import engine
 
         return getattr(engine, name)
+    if name == "priced":  # `from ssd_edge import priced`: the priced pair, a bench instrument (bench/priced/)
+        from .bench import priced
+
+        return priced
     raise AttributeError(f"module 'ssd_edge' has no attribute {name!r}")

@@ -4,7 +4,7 @@ implement, for testing the engine and SSD pre-speculation without weights or
 the compiled library.
 
 FakeContext keeps its KV state in the priced backend's cell table
-(ssd_edge/priced/cells.py), a real one like llama.cpp's unified KV cache: each
+(ssd_edge/bench/priced/cells.py), a real one like llama.cpp's unified KV cache: each
 decoded token takes a cell that belongs to a set of sequences; seq_cp adds a
 sequence to cells (no new cells), seq_rm removes it, and a cell with no
 sequence is freed. decode() enforces llama.cpp's rule that a sequence's first
@@ -22,7 +22,7 @@ import numpy as np
 
 from ssd_edge.errors import DecodeError
 from ssd_edge.interface import Aborted
-from ssd_edge.priced.cells import CellCache, seq_ids
+from ssd_edge.bench.priced.cells import CellCache, seq_ids
 
 V = 32
 EOS = 0

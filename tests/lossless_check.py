@@ -26,7 +26,7 @@ one in the draw's own scores, logit / T + G(seed, position, token): within TIE_T
 
 The tolerances are the target's and its KV cache's (Tolerance, measured per cache type: a q8_0 or
 q4_0 cache stores a batch's slightly different values rounded to 8 or 4 bits, which widens the
-difference); a priced pair with planted ties (ssd_edge/priced, PricedModel(ties=...)) states its own.
+difference); a priced pair with planted ties (ssd_edge/bench/priced, PricedModel(ties=...)) states its own.
 
 After a tie both modes restart from the shared prefix plus ar's token, so the
 rest of the answer is still compared. Ties are reported (NearTieWarning, with

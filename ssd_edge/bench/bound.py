@@ -225,7 +225,7 @@ def _main(argv: list[str] | None) -> int:
 
     from rich.console import Console
 
-    from .run import load_prompts
+    from .args import load_prompts
     from ..config import EngineConfig, usable_cores
     from ..engine import Engine
     from ..planning.planner import DRAFT_CAP, NGRAM_CAP

@@ -1,4 +1,4 @@
-"""`ssd-edge bench --priced TABLE[@AGREEMENT]`: the bench's modes on a priced pair (ssd_edge/priced)
+"""`ssd-edge bench --priced TABLE[@AGREEMENT]`: the bench's modes on a priced pair (bench/priced/)
 instead of model files: a synthetic target and draft whose decodes wait what one llama_decode of that
 size took on a GPU. Every result is labelled with the table (Priced.label: "priced: H200 table ..."),
 never as a measured GPU.
@@ -18,7 +18,7 @@ import platform
 from ..planning import profile as prof
 from ..planning.costs import describe_regime
 from ..planning.planner import NGRAM_CAP
-from ..priced import Priced
+from .priced import Priced
 from .calibrate import PREFIX, Progress, filler, measure
 from .schema import MachineInfo, ModelInfo, Setting
 
@@ -55,7 +55,7 @@ def calibrate(engine, p: Priced, progress: Progress | None = None) -> prof.Profi
 def machine(p: Priced, cores: int) -> MachineInfo:
     import psutil
 
-    return MachineInfo(hostname=platform.node(), os=platform.platform(), machine=platform.machine(),
+    return MachineInfo(os=platform.platform(), machine=platform.machine(),
                        cpu=prof.device_info().cpu, cores=cores, ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
                        python=platform.python_version(), llama_system_info="not used (a priced pair)",
                        load_avg_start=os.getloadavg(), priced=p.label)

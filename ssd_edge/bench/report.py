@@ -289,7 +289,7 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
         same, total = agreement(result)
         if result.options.temperature == 0 and total:
             lines += ["", f"Greedy outputs identical to ar's: {same} of {total} runs (batched and one-token "
-                          "kernels can differ on near-ties; see FIELD_NOTES)."]
+                          "kernels can differ on near-ties; tests/lossless_check.py tells such a tie from a bug)."]
         if result.peer.errors:
             lines += ["", "llama.cpp peer errors:", ""] + [f"- {e}" for e in result.peer.errors[:10]]
         if result.notes:

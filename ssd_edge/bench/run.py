@@ -20,176 +20,34 @@ setting, no model files, no llama.cpp peer, results labelled with the table.
 
 Writes bench.json (validated against schema.BenchResult), bench.md (tables in
 the style of llama-bench) and bench.png (report.py) into --output.
+
+What was asked (the flags, the prompts) is args.py's; the machine's description
+machine.py's; one generation, measured, record.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
-import hashlib
 import json
 import logging
 import os
-import platform
 import sys
-import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
-from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import paths
 from ..config import EngineConfig
 from ..planning.planner import FIXED_K
 from ..errors import ConfigError, SSDEdgeError
-from .schema import (CATEGORIES, BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord,
-                     RunRecord, Setting)
+from .args import BenchArgs, load_prompts, quick_prompts
+from .machine import PortablePaths, hardware_settings, library_versions, machine_info
+from .record import run_one
+from .schema import BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord, Setting
 
 log = logging.getLogger(__name__)
 
-BENCH_MODES = ("ar", "sd", "lookup", "ssd", "auto")
 WARMUP = [{"role": "user", "content": "Say hello in three languages."}]
-
-
-# ---------------------------------------------------------------- inputs
-
-def load_prompts(path: str | os.PathLike[str] | None = None) -> list[BenchPrompt]:
-    """The prompt suite: one JSON object per line (id, category, messages[, max_tokens])."""
-    if path is None:
-        text = resources.files("ssd_edge").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
-        where = "ssd_edge/data/prompts.jsonl"
-    else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read the prompt file {path}: {e.strerror}") from None
-        where = str(path)
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(BenchPrompt.model_validate_json(line))
-        except ValueError as e:
-            raise ConfigError(f"{where}, line {n}: not a valid prompt ({str(e).splitlines()[0]})") from None
-    if not out:
-        raise ConfigError(f"{where} holds no prompts")
-    return out
-
-
-def quick_prompts(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
-    """One prompt per category, the shortest."""
-    best: dict[str, BenchPrompt] = {}
-    for p in prompts:
-        size = sum(len(m["content"]) for m in p.messages)
-        if p.category not in best or size < sum(len(m["content"]) for m in best[p.category].messages):
-            best[p.category] = p
-    return [best[c] for c in CATEGORIES if c in best]
-
-
-def hardware_settings(cores: int) -> dict[str, Setting]:
-    half = max(1, cores // 2)
-    return {
-        "separate": Setting(name="separate", target_threads=half, draft_threads=max(1, cores - half),
-                            description=f"target and draft each own {half} core(s): {half} thread(s) each; "
-                                        "affinity left to the OS"),
-        "shared": Setting(name="shared", target_threads=cores, draft_threads=cores,
-                          description=f"both models use all {cores} cores ({cores} threads each); ssd oversubscribes"),
-    }
-
-
-def machine_info(cores: int) -> MachineInfo:
-    import psutil
-
-    from ..planning.profile import device_info
-    from ..llama import backend
-
-    dev = device_info()
-    return MachineInfo(hostname=platform.node(), os=platform.platform(), machine=dev.machine, cpu=dev.cpu,
-                       cores=cores, ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
-                       python=platform.python_version(), llama_system_info=backend.system_info().strip(), gpus=dev.gpus,
-                       load_avg_start=os.getloadavg())
-
-
-def library_versions() -> dict[str, str]:
-    out = {}
-    for name in ("ssd-edge", "llama-cpp-python", "numpy", "pydantic", "rich", "matplotlib", "psutil"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = "not installed"
-    return out
-
-
-# ---------------------------------------------------------------- measuring one run
-
-class RssPeak:
-    """Peak resident memory of this process while a block runs (sampled every 20 ms)."""
-
-    def __init__(self, every_s: float = 0.02) -> None:
-        import psutil
-
-        self.proc = psutil.Process()
-        self.every_s = every_s
-        self.peak = 0
-        self._stop = threading.Event()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    def __enter__(self) -> "RssPeak":
-        self.peak = self.proc.memory_info().rss
-        self._thread = threading.Thread(target=self._poll, name="bench-rss", daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-
-def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, seed: int, max_tokens: int,
-            temperature: float) -> RunRecord:
-    """One generation from a cold KV cache; the record of what it did."""
-    from ..events import FinishEvent
-
-    engine.reset()  # each run prefills its prompt, like a fresh request
-    sampling = engine.config.sampling.model_copy(update=dict(temperature=temperature, seed=seed))
-    latencies: list[float] = []
-    modes_run: Counter[str] = Counter()
-    spec_rounds = 0
-    finish = None
-    with RssPeak() as rss:
-        gen = engine.generate(messages=prompt.messages, max_tokens=prompt.max_tokens or max_tokens, mode=mode,
-                              sampling=sampling)
-        try:
-            for ev in gen:
-                if isinstance(ev, FinishEvent):
-                    finish = ev
-                    break
-                r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call)
-                modes_run[r.mode] += ev.rounds
-                spec_rounds += r.drafted > 0
-                if r.index > 0 and ev.tokens:  # the first round carries the prompt's prefill (TTFT)
-                    latencies.extend([ev.wall_ms / len(ev.tokens)] * len(ev.tokens))
-        finally:
-            gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
-    assert finish is not None
-    st, pre = finish.stats, finish.stats.prespec
-    return RunRecord(
-        setting=setting, mode=mode, prompt_id=prompt.id, category=prompt.category, rep=rep, seed=seed,
-        prompt_tokens=st.prompt_tokens, tokens=st.tokens, stop_reason=finish.stop_reason, wall_s=st.wall_s,
-        ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
-        drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
-        lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits, miss_reasons=dict(pre.miss_reasons),
-        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
-        positions=st.positions, peak_rss_mib=rss.peak / 2**20,
-        memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),
-        auto=st.auto.to_dict() if st.auto is not None else None,
-        output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])
 
 
 # ---------------------------------------------------------------- the whole run
@@ -345,10 +203,11 @@ class Bench:
         from . import peer as bench_peer, pricing as bench_pricing, report as bench_report
 
         a = self.args
+        shown = PortablePaths(paths.models_dir(a.models_dir))  # a result names no machine (machine.py)
         machine.load_avg_end = os.getloadavg()
         peer = PeerInfo(
-            available=self.peer_bin is not None, binary=str(self.peer_bin) if self.peer_bin else None,
-            version=bench_peer.version(self.peer_bin) if self.peer_bin else None,
+            available=self.peer_bin is not None, binary=shown.path(self.peer_bin) if self.peer_bin else None,
+            version=shown.text(bench_peer.version(self.peer_bin)) if self.peer_bin else None,
             note=("llama-speculative-simple --spec-type draft-simple, same models, rendered prompt, threads, "
                   "draft length, --spec-draft-p-min 0, greedy; tokens/s from its 'decoded' line"
                   + ("; llama-lookup (n-gram lookup, the target alone) at the same draft length" if self.lookup_bin
@@ -356,7 +215,7 @@ class Bench:
             if self.peer_bin else bench_pricing.PEER_NOTE if self.priced else
             ("not available: --no-peer" if a.no_peer else
              "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh or --llama-tools DIR)"),
-            runs=self.peer_runs, errors=self.peer_errors)
+            runs=self.peer_runs, errors=[shown.text(e) for e in self.peer_errors])
         summary = bench_report.summarize(self.records, self.peer_runs, k=self.peer_k)
         opts = BenchOptions(modes=list(a.modes), settings=[s.name for s in self.settings if not s.stand_in], k=a.k,
                             max_tokens=a.max_tokens, reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size,
@@ -370,103 +229,21 @@ class Bench:
             "decode tokens/s counts the tokens after the first round over the time after it (the first round "
             "carries the prompt); speedups are ratios of those within this run",
         ]
+        models = (bench_pricing.models(self.priced) if self.priced else
+                  [ModelInfo(role="target", name=self.target.name, path=str(self.target),
+                             size=self.target.stat().st_size),
+                   ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
+                  + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
+                     for p in {Path(s.target) for s in self.settings if s.target}])
         return BenchResult(
             created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            command=["ssd-edge", "bench", *a.argv], duration_s=time.perf_counter() - self.t0, interrupted=interrupted,
-            machine=machine, libraries=library_versions(),
-            models=bench_pricing.models(self.priced) if self.priced else
-            [ModelInfo(role="target", name=self.target.name, path=str(self.target), size=self.target.stat().st_size),
-             ModelInfo(role="draft", name=self.draft.name, path=str(self.draft), size=self.draft.stat().st_size)]
-            + [ModelInfo(role="target", name=f"{p.name} (measuring stand-in)", path=str(p), size=p.stat().st_size)
-               for p in {Path(s.target) for s in self.settings if s.target}],
-            options=opts, settings=self.settings, engine_configs=self.engine_configs, prompts=self.prompts,
+            command=["ssd-edge", "bench", *(shown.text(x) for x in a.argv)], duration_s=time.perf_counter() - self.t0,
+            interrupted=interrupted, machine=machine, libraries=library_versions(),
+            models=[m.model_copy(update=dict(path=shown.path(m.path))) for m in models], options=opts,
+            settings=[s.model_copy(update=dict(target=shown.path(s.target))) if s.target else s for s in self.settings],
+            engine_configs={name: shown.models_of(c) for name, c in self.engine_configs.items()}, prompts=self.prompts,
             profile=self.profile, runs=self.records, peer=peer, summary=summary,
             goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in and s.target_threads == self.cores]), notes=notes)
-
-
-# ---------------------------------------------------------------- what was asked
-
-@dataclass(frozen=True)
-class BenchArgs:
-    """What `ssd-edge bench` was asked (cli/measuring.py builds it from the flags; the defaults are the flags')."""
-
-    model: str | None = None                     # -m; None: the catalog's default target
-    model_draft: str | None = None               # -md; None: the default draft
-    models_dir: str | None = None
-    output: str = "bench-out"
-    modes: tuple[str, ...] = BENCH_MODES
-    settings: tuple[str, ...] = ("separate", "shared")
-    category: tuple[str, ...] | None = None
-    prompts: str | None = None                   # a JSONL prompt file; None: the shipped suite
-    max_tokens: int = 128                        # -n/--n-predict: tokens per generation
-    k: int | None = None                         # -k/--draft-max; None: the engine's default per mode
-    reps: int = 1
-    seed: int = 0
-    temp: float = 0.0
-    ctx_size: int = 2048
-    quick: bool = False
-    llama_tools: str | None = None
-    peer_k: tuple[int, ...] = ()
-    no_peer: bool = False
-    no_calibrate: bool = False
-    recalibrate: bool = False
-    no_plot: bool = False
-    verbose: bool = False
-    rpc: str | None = None                       # --rpc HOST:PORT[,...]: the target on these rpc-servers
-    stand_in: str | None = None                  # --stand-in TYPE: the settings again, the target converted to TYPE
-    priced: str | None = None                    # --priced TABLE[@AGREEMENT]: a priced pair instead of model files
-    agreement: float | None = None               # --agreement: the priced draft's (default 0.95)
-    argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
-
-    def checked(self) -> BenchArgs:
-        """Validated, with --quick's caps applied and ar (the baseline of every speedup) among the modes."""
-        if self.max_tokens < 1:
-            raise ConfigError("-n/--n-predict must be at least 1")
-        if self.k is not None and not 1 <= self.k <= 32:
-            raise ConfigError("-k/--draft-max must be between 1 and 32")
-        if self.reps < 1:
-            raise ConfigError("--reps must be at least 1")
-        if self.temp < 0:
-            raise ConfigError("--temp must be >= 0")
-        if any(not 1 <= k <= 32 for k in self.peer_k):
-            raise ConfigError("--peer-k values must be between 1 and 32")
-        from ..models.catalog import DERIVED_KINDS
-
-        if self.stand_in is not None and self.stand_in not in DERIVED_KINDS:
-            raise ConfigError(f"--stand-in: choose one of {', '.join(DERIVED_KINDS)}")
-        if self.priced is None and self.agreement is not None:
-            raise ConfigError("--agreement is the priced draft's: give --priced TABLE with it")
-        if self.priced is not None:
-            self.priced_pair()  # a table that exists, an agreement in [0, 1]
-            given = [f for f, v in (("-m", self.model), ("-md", self.model_draft), ("--stand-in", self.stand_in),
-                                    ("--rpc", self.rpc)) if v]
-            if given:
-                raise ConfigError(f"--priced runs a priced pair, not model files: drop {', '.join(given)}")
-        return dataclasses.replace(
-            self, max_tokens=min(self.max_tokens, 24) if self.quick else self.max_tokens,
-            # a profile prices a target on this device; one over --rpc is not
-            no_calibrate=self.no_calibrate or bool(self.rpc),
-            peer_k=() if self.quick else self.peer_k,
-            modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
-
-    def priced_pair(self):
-        """The priced pair --priced names (ssd_edge.priced.Priced), or None."""
-        if self.priced is None:
-            return None
-        from ..priced import Priced
-
-        return Priced.parse(self.priced, self.agreement)
-
-
-def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """A comma-separated flag value; ConfigError names the flag and what it allows."""
-    items = tuple(x.strip() for x in text.split(",") if x.strip())
-    if not items:
-        raise ConfigError(f"{flag}: empty list")
-    bad = [x for x in items if allowed is not None and x not in allowed]
-    if bad:
-        raise ConfigError(f"{flag}: unknown {', '.join(bad)} (choose from {', '.join(allowed or ())})")
-    return items
 
 
 def _stand_in(target: str, kind: str, models_dir: str | None, console) -> Path:

@@ -32,7 +32,9 @@ class Setting(BaseModel):
 
 
 class MachineInfo(BaseModel):
-    hostname: str
+    """The machine, never by its name: no hostname is written (results are committed and shared; a file
+    written before held one, which reading ignores), and paths are the models folder's or `~`'s (machine.py)."""
+
     os: str
     machine: str
     cpu: str

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import settings
-from ..bench.run import BENCH_MODES, BenchArgs, comma_list
+from ..bench.args import BENCH_MODES, BenchArgs, comma_list
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
 from ..errors import ConfigError

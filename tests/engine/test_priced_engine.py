@@ -1,11 +1,11 @@
-"""The engine over a priced pair (ssd_edge.priced.engine): every mode emits the target's tokens, the
+"""The engine over a priced pair (ssd_edge.bench.priced.engine): every mode emits the target's tokens, the
 draft's agreement is what sd accepts, and a generation's decodes are on the decode clock at their prices."""
 
 from __future__ import annotations
 
 import pytest
 
-from ssd_edge import priced
+from ssd_edge.bench import priced
 from ssd_edge.config import EngineConfig, SamplingConfig
 from ssd_edge.interface import DECODES
 

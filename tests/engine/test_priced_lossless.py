@@ -1,5 +1,5 @@
 """The near-tie proof of tests/lossless_check.py where rows tie on purpose: a priced pair with planted
-ties (ssd_edge/priced: on a fraction of contexts the target's two candidates are 0.3 apart and a batch
+ties (ssd_edge/bench/priced: on a fraction of contexts the target's two candidates are 0.3 apart and a batch
 ranks them the other way, as a GPU's batched kernels can). Greedy and sampled (coupled Gumbel draws),
 every difference between ar and a speculative mode must be proven such a tie by replaying both runs'
 own rows, and a planted difference that is not a tie must fail the proof."""
@@ -10,10 +10,10 @@ import pytest
 
 from lossless_check import Tally, check_replay_reproduces, compare_prompt, first_difference, generate, tolerance
 from prompts import Prompt
-from ssd_edge import priced
+from ssd_edge.bench import priced
 from ssd_edge.config import EngineConfig, SamplingConfig
 from ssd_edge.engine import Engine
-from ssd_edge.priced.backend import PEAK, PricedContext, mix
+from ssd_edge.bench.priced.backend import PEAK, PricedContext, mix
 
 PROMPT = Prompt("merge", "chat", messages=({"role": "user", "content": "Write a function that merges two sorted lists."},))
 CONFIG = dict(target=dict(path="priced"), draft=dict(path="priced"), n_ctx=1024)

@@ -6,7 +6,9 @@ is in tests/real/test_bench_real.py)."""
 from __future__ import annotations
 
 import json
+import platform
 import re
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ssd_edge.bench import peer as bench_peer, report as bench_report, run as bench, schema
+from ssd_edge.bench import args as bench_args, machine as bench_machine, peer as bench_peer, report as bench_report
+from ssd_edge.bench import run as bench, schema
 from ssd_edge.bench.schema import BenchResult, PeerRecord, RunRecord
 from ssd_edge.cli import commands as cli
 from ssd_edge.errors import ConfigError
@@ -24,7 +27,7 @@ from ssd_edge.llama import backend
 # ---------------------------------------------------------------- the prompt suite
 
 def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
-    prompts = bench.load_prompts()
+    prompts = bench_args.load_prompts()
     assert len(prompts) >= 20
     assert len({p.id for p in prompts}) == len(prompts)
     cats = {p.category for p in prompts}
@@ -38,7 +41,7 @@ def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
 
 
 def test_quick_picks_one_prompt_per_category():
-    quick = bench.quick_prompts(bench.load_prompts())
+    quick = bench_args.quick_prompts(bench_args.load_prompts())
     assert [p.category for p in quick] == list(schema.CATEGORIES)
 
 
@@ -46,13 +49,13 @@ def test_a_broken_prompt_file_is_a_one_line_config_error(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"id": "a", "category": "code", "messages": [{"role": "user", "content": "x"}]}\n{"id": 3}\n')
     with pytest.raises(ConfigError, match="line 2"):
-        bench.load_prompts(f)
+        bench_args.load_prompts(f)
     with pytest.raises(ConfigError, match="cannot read"):
-        bench.load_prompts(tmp_path / "missing.jsonl")
+        bench_args.load_prompts(tmp_path / "missing.jsonl")
 
 
 def test_hardware_settings_on_two_cores():
-    s = bench.hardware_settings(2)
+    s = bench_machine.hardware_settings(2)
     assert (s["separate"].target_threads, s["separate"].draft_threads) == (1, 1)
     assert (s["shared"].target_threads, s["shared"].draft_threads) == (2, 2)
 
@@ -126,7 +129,7 @@ def test_the_whole_answer_is_timed_from_the_prompt_on_both_sides():
 
 def test_goals_compare_the_right_rows():
     rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
-    goals = {g.name: g for g in bench_report.goals(rows, bench.BENCH_MODES)}
+    goals = {g.name: g for g in bench_report.goals(rows, bench_args.BENCH_MODES)}
     g = goals["shared, code: auto vs ar"]                        # auto 32/4.1 vs ar 32/8
     assert g.value == pytest.approx(8.0 / 4.1) and g.met and g.threshold == ">= 0.97x"  # compute-bound: never slower
     assert goals["shared, all: auto vs ar"].threshold == ">= 0.97x"
@@ -142,7 +145,7 @@ def test_goals_compare_the_right_rows():
 
 def test_a_stand_in_setting_is_held_to_the_memory_bound_speedups():
     rows = bench_report.summarize(fake_runs(), fake_peer(), k=4)
-    goals = {g.name: g for g in bench_report.goals(rows, bench.BENCH_MODES, stand_ins=["shared"])}
+    goals = {g.name: g for g in bench_report.goals(rows, bench_args.BENCH_MODES, stand_ins=["shared"])}
     g = goals["shared, code: auto vs ar"]
     assert g.value == pytest.approx(8.0 / 4.1) and g.met and g.threshold == ">= 1.60x"
     assert goals["shared, prose: auto vs ar"].threshold == ">= 1.15x"
@@ -159,21 +162,21 @@ def test_a_stand_in_setting_is_held_to_the_memory_bound_speedups():
 def fake_result(tmp_path: Path) -> BenchResult:
     runs, peer = fake_runs(), fake_peer()
     rows = bench_report.summarize(runs, peer, k=4)
-    machine = schema.MachineInfo(hostname="h", os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
+    machine = schema.MachineInfo(os="linux", machine="x86_64", cpu="cpu", cores=2, ram_gib=24.0,
                                 python="3.11", llama_system_info="AVX2 = 1", load_avg_start=(0.1, 0.2, 0.3),
                                 load_avg_end=(0.4, 0.5, 0.6))
-    settings = list(bench.hardware_settings(2).values())
+    settings = list(bench_machine.hardware_settings(2).values())
     return BenchResult(
         created="2026-01-01T00:00:00+00:00", command=["ssd-edge", "bench"], duration_s=1.0, machine=machine,
-        libraries=bench.library_versions(),
+        libraries=bench_machine.library_versions(),
         models=[schema.ModelInfo(role="target", name="t.gguf", path="/t.gguf", size=1),
                 schema.ModelInfo(role="draft", name="d.gguf", path="/d.gguf", size=1)],
-        options=schema.BenchOptions(modes=list(bench.BENCH_MODES), settings=["separate", "shared"], k=4, max_tokens=33,
+        options=schema.BenchOptions(modes=list(bench_args.BENCH_MODES), settings=["separate", "shared"], k=4, max_tokens=33,
                                    reps=1, seed=0, temperature=0.0, n_ctx=2048, quick=False, peer_k=[3, 4],
                                    categories=["code", "prose"]),
-        settings=settings, engine_configs={}, prompts=bench.quick_prompts(bench.load_prompts())[:2], profile=None,
+        settings=settings, engine_configs={}, prompts=bench_args.quick_prompts(bench_args.load_prompts())[:2], profile=None,
         runs=runs, peer=schema.PeerInfo(available=True, binary="/x", version="b1", note="n", runs=peer),
-        summary=rows, goals=bench_report.goals(rows, bench.BENCH_MODES), notes=["a note"])
+        summary=rows, goals=bench_report.goals(rows, bench_args.BENCH_MODES), notes=["a note"])
 
 
 def test_written_json_validates_against_the_schema_and_md_and_png_exist(tmp_path):
@@ -306,13 +309,86 @@ def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, pair)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench.Bench, "run", interrupted_run)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the files below are outside it: written by name
     code, _, err = ssd_edge(["bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")])
     assert code == 130
     result = BenchResult.model_validate_json((tmp_path / "out" / "bench.json").read_text())
     assert result.interrupted and result.runs == done
-    assert result.command == ["ssd-edge", "bench", *pair, "--no-peer", "--no-plot", "-o", str(tmp_path / "out")]
+    assert result.command == ["ssd-edge", "bench", "-m", "t.gguf", "-md", "d.gguf", "--no-peer", "--no-plot",
+                              "-o", "out"]
     assert "INTERRUPTED" in (tmp_path / "out" / "bench.md").read_text()
     assert "partial results" in err
+
+
+def test_portable_paths_fold_this_machines_paths_and_leave_other_slashes():
+    shown = bench_machine.PortablePaths(Path("/h/.cache/ssd-edge/models"), home=Path("/h"))
+    assert [shown.path(p) for p in ("/h/.cache/ssd-edge/models/qwen/t.gguf", "/h/m/d.gguf", "/work/x/out",
+                                    "qwen/t.gguf", "qwen-1.5b")] == ["qwen/t.gguf", "~/m/d.gguf", "out",
+                                                                     "qwen/t.gguf", "qwen-1.5b"]
+    assert shown.text("-o=/work/out: failed to open '/h/m/d.gguf' (-f /tmp/p/prompt.txt)") == \
+        "-o=out: failed to open '~/m/d.gguf' (-f prompt.txt)"
+    kept = "12.5 tokens/s, 1/2, </s>, http://host/x, ~/m/d.gguf, a / b"
+    assert shown.text(kept) == kept
+
+
+def test_a_bench_result_names_no_machine(tmp_path, monkeypatch):
+    """bench.json and bench.md hold no hostname and no absolute path, through the real run and result: the
+    engine is a priced one over each setting's own config (its paths are not read), llama.cpp's tools are
+    scripts, one of them failing with its command line. The target in the models folder is written relative
+    to it, the draft under home with ~, anything else (the tools, the output, the peer's prompt file) by name."""
+    from ssd_edge.bench.priced import Priced
+
+    home = tmp_path / "home"
+    models = home / ".cache" / "ssd-edge" / "models"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("SSD_EDGE_HOME", str(models.parent))
+    monkeypatch.delenv("SSD_EDGE_MODELS", raising=False)
+    monkeypatch.delenv("SSD_EDGE_LLAMA_TOOLS", raising=False)
+    monkeypatch.setattr(platform, "node", lambda: "bench-host-7f3a")
+    monkeypatch.setattr(socket, "gethostname", lambda: "bench-host-7f3a")
+    monkeypatch.setattr(backend, "system_info", lambda: "fake llama.cpp")
+    target, draft = models / "qwen" / "t.gguf", home / "elsewhere" / "d.gguf"
+    for f in (target, draft):
+        f.parent.mkdir(parents=True)
+        f.write_bytes(b"GGUF" + b"\0" * 12)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / bench_peer.BINARY).write_text(f"#!/bin/sh\ncat <<'EOF'\n{PEER_OUTPUT}\nEOF\n")
+    (tools / bench_peer.LOOKUP).write_text('#!/bin/sh\necho "failed to load: $@" >&2\nexit 1\n')
+    for exe in tools.iterdir():
+        exe.chmod(0o755)
+    monkeypatch.setattr(bench.Bench, "open_engine", lambda self, cfg: Priced().engine(cfg))
+    out = tmp_path / "out"
+    code, _, err = ssd_edge(["bench", "-m", str(target), "-md", str(draft), "--quick", "--modes", "ar,sd",
+                             "--settings", "separate", "--category", "code", "--llama-tools", str(tools),
+                             f"--output={out}", "--no-plot"])
+    assert code == 0, err
+    text, md = (out / "bench.json").read_text(), (out / "bench.md").read_text()
+    result = BenchResult.model_validate_json(text)
+    assert [r.mode for r in result.runs] == ["ar", "sd"] and len(result.peer.runs) == 1  # it ran, peer and all
+
+    assert "bench-host-7f3a" not in text + md and str(tmp_path) not in text + md
+    written = json.loads(text)
+    del written["prompts"]  # the suite's own text, not this machine's
+
+    def strings(x):
+        if isinstance(x, dict):
+            return [s for v in x.values() for s in strings(v)]
+        return [s for v in x for s in strings(v)] if isinstance(x, list) else [x] if isinstance(x, str) else []
+    assert [s for s in strings(written) + md.splitlines() if re.search(r"(^|[\s'\"=(])/\w", s)] == []
+
+    assert [(m.name, m.path) for m in result.models] == [("t.gguf", "qwen/t.gguf"), ("d.gguf", "~/elsewhere/d.gguf")]
+    config = result.engine_configs["separate"]
+    assert (config["target"]["path"], config["draft"]["path"]) == ("qwen/t.gguf", "~/elsewhere/d.gguf")
+    assert result.command == ["ssd-edge", "bench", "-m", "qwen/t.gguf", "-md", "~/elsewhere/d.gguf", "--quick",
+                              "--modes", "ar,sd", "--settings", "separate", "--category", "code",
+                              "--llama-tools", "tools", "--output=out", "--no-plot"]
+    assert result.peer.binary == bench_peer.BINARY
+    assert len(result.peer.errors) == 1 and "failed to load: -m qwen/t.gguf " in result.peer.errors[0]
+    assert " -f prompt.txt " in result.peer.errors[0]  # the peer's prompt file, in a temporary folder
+    older = json.loads(text)
+    older["machine"]["hostname"] = "an-old-host"  # a file written before the hostname was dropped still reads
+    assert BenchResult.model_validate(older).machine == result.machine
 
 
 def test_progress_is_plain_lines_on_stderr_when_it_is_not_a_terminal(tmp_path, monkeypatch, pair):
@@ -328,7 +404,7 @@ def test_progress_is_plain_lines_on_stderr_when_it_is_not_a_terminal(tmp_path, m
     code, out, err = ssd_edge(["bench", *pair, "--no-peer", "--no-plot", "--modes", "ar", "--settings", "separate",
                                "--category", "code", "-o", str(tmp_path / "out")])
     assert code == 0, err
-    total = 1 + sum(p.category == "code" for p in bench.load_prompts())  # the warm-up, then ar on each code prompt
+    total = 1 + sum(p.category == "code" for p in bench_args.load_prompts())  # the warm-up, then ar on each code prompt
     lines = [ln for ln in err.splitlines() if ln.startswith("[")]
     assert re.fullmatch(r"\[25% 0:00:0\d\] calibrating: target step costs, 1 thread", lines[0]), lines
     assert re.fullmatch(rf"\[1/{total} 0:00:0\d\] separate: warm-up", lines[1]), lines
@@ -339,17 +415,17 @@ def test_progress_is_plain_lines_on_stderr_when_it_is_not_a_terminal(tmp_path, m
 
 def test_a_stand_in_runs_every_setting_again_on_its_own_target(tmp_path):
     target, draft, stand_in = (tmp_path / n for n in ("t.gguf", "d.gguf", "t.bf16.gguf"))
-    args = bench.BenchArgs(no_peer=True, stand_in="bf16").checked()
+    args = bench_args.BenchArgs(no_peer=True, stand_in="bf16").checked()
     b = bench.Bench(args, target, draft, stand_in)
     assert [s.name for s in b.settings] == ["separate", "shared", "separate bf16", "shared bf16"]
     assert [b.target_of(s) for s in b.settings] == [target, target, stand_in, stand_in]
     assert [s.stand_in for s in b.settings] == [False, False, True, True]
     assert b.config(b.settings[3]).target.path == str(stand_in)
     with pytest.raises(ConfigError, match="--stand-in: choose one of"):
-        bench.BenchArgs(stand_in="q9").checked()
+        bench_args.BenchArgs(stand_in="q9").checked()
 
 
-# ---------------------------------------------------------------- --priced (ssd_edge/priced, bench/pricing.py)
+# ---------------------------------------------------------------- --priced (ssd_edge/bench/priced, bench/pricing.py)
 
 def test_a_priced_run_needs_no_model_files_and_is_labelled_priced(tmp_path, monkeypatch):
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ssd_edge.bench import run as bench
+from ssd_edge.bench import machine as bench_machine, run as bench
 from ssd_edge.settings import engine_config, resolve
 from ssd_edge.errors import ConfigError, RPCError
 from test_cli import clean_env, one_error, run  # noqa: F401 (clean_env: test_cli's autouse fixture, here too)
@@ -91,7 +91,7 @@ def test_bench_takes_rpc(tmp_path, monkeypatch):
     assert args.rpc == "127.0.0.1:50052" and args.no_calibrate
     b = bench.Bench.__new__(bench.Bench)
     b.args, b.target, b.draft = args, tmp_path / "t.gguf", tmp_path / "d.gguf"
-    setting = bench.hardware_settings(2)["separate"]
+    setting = bench_machine.hardware_settings(2)["separate"]
     cfg = b.config(setting)
     assert cfg.target.rpc == ["127.0.0.1:50052"] and cfg.target.n_gpu_layers == -1 and cfg.draft.rpc == []
     assert cfg.draft.n_gpu_layers == 0

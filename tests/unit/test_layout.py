@@ -41,8 +41,7 @@ LAYERS = {
     "ssd_edge/engine.py": ENGINE,
     "ssd_edge/pair.py": ENGINE,           # the loaded target and draft, load and release
     "ssd_edge/generation.py": ENGINE,     # one answer's state: history, room, stop text, meter, drawer
-    "ssd_edge/priced/": ENGINE,           # a backend that waits a GPU's price table, and the engine over it
-    "ssd_edge/bench/": MEASURE,           # drives the engine from above
+    "ssd_edge/bench/": MEASURE,           # drives the engine from above; priced/: a backend that waits a GPU's prices
     "ssd_edge/cli/": FACES, "ssd_edge/server/": FACES, "tui/": FACES,
     "ssd_edge/__init__.py": FACES,        # the Python API: Engine, configs, events
     "scripts/": TOOLS,

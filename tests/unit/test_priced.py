@@ -1,4 +1,4 @@
-"""The priced backend (ssd_edge/priced): its price tables, a decode that waits its price and says so on
+"""The priced backend (ssd_edge/bench/priced): its price tables, a decode that waits its price and says so on
 DECODES, rows of the real vocabulary's width, a draft that agrees with the target at the chosen rate with
 rows identical where it agrees, and the KV semantics of llama.cpp's unified cache (a wrong rollback gives
 wrong rows, an abort leaves the cache as it was)."""
@@ -14,8 +14,8 @@ import pytest
 
 from ssd_edge.errors import ConfigError, ContextFullError
 from ssd_edge.interface import DECODES, Aborted, AbortSignal, BackendContext, BackendModel
-from ssd_edge.priced import Priced, PricedContext, PricedModel, TABLES
-from ssd_edge.priced.backend import EOG, N_VOCAB, PEAK, TIE_GAP, WORD0, choices
+from ssd_edge.bench.priced import Priced, PricedContext, PricedModel, TABLES
+from ssd_edge.bench.priced.backend import EOG, N_VOCAB, PEAK, TIE_GAP, WORD0, choices
 
 T15 = TABLES["h200-1.5b"]
 SLACK_S = 0.030  # a loaded 2-core machine may wake a waiter late; never early
@@ -71,7 +71,7 @@ def test_a_decode_waits_its_price_and_puts_it_on_the_decode_clock():
 def test_decodes_take_their_price_on_average(spin, monkeypatch):
     """Spinning (the compiled wait, the GIL released) or sleeping (without it: aimed early by the waits'
     lateness), a decode takes its price, not price + a wake-up."""
-    import ssd_edge.priced.backend as backend
+    import ssd_edge.bench.priced.backend as backend
 
     if spin and backend.spin is None:
         pytest.skip("the compiled wait is not built here")
@@ -194,7 +194,7 @@ def test_the_cell_table_keeps_what_a_cell_by_cell_model_of_the_cache_keeps():
     """cells.CellCache's arrays against the plainest model of llama.cpp's unified cache (a set of cells,
     each a position, a token and the sequences holding it), over random stores, copies and removals,
     aborted batches and clears: the same tokens per sequence, last positions, cells in use."""
-    from ssd_edge.priced.cells import CellCache
+    from ssd_edge.bench.priced.cells import CellCache
 
     rng = random.Random(11)
     n_ctx, n_seq = 48, 4
@@ -287,6 +287,17 @@ def test_the_priced_backend_implements_the_protocol():
     assert isinstance(ctx.abort, AbortSignal)
 
 
+def test_from_ssd_edge_import_priced_is_the_benchs_priced_pair():
+    """The documented `from ssd_edge import priced` reaches ssd_edge/bench/priced itself (a re-export, no copy)."""
+    import ssd_edge
+    import ssd_edge.bench.priced as bench_priced
+    from ssd_edge import priced
+
+    assert priced is bench_priced and priced.Priced is Priced and priced.engine is bench_priced.engine
+    with pytest.raises(AttributeError, match="no attribute 'pricing'"):
+        ssd_edge.pricing  # noqa: B018 (only the names it re-exports)
+
+
 def test_a_priced_pair_is_named_by_its_table_and_the_drafts_agreement():
     assert Priced.parse("h200-7b@0.8") == Priced("h200-7b", 0.8)
     assert Priced.parse("h200-1.5b", 0.9).agreement == 0.9 and Priced.parse("h200-1.5b").agreement == 0.95
@@ -302,7 +313,7 @@ def test_a_priced_pair_is_named_by_its_table_and_the_drafts_agreement():
 def test_the_compiled_spin_waits_its_time_and_lets_other_threads_run():
     import threading
 
-    from ssd_edge.priced.backend import spin
+    from ssd_edge.bench.priced.backend import spin
 
     if spin is None:
         pytest.skip("the compiled wait is not built here")

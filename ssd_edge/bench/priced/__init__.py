@@ -1,7 +1,7 @@
 """A priced pair: a target and a draft that spend the time of a GPU's price table instead of computing,
 so the engine's own host cost and each mode's (and the planner's) behaviour can be measured against GPU
 prices on any CPU. Not a measurement of a GPU: what runs is this machine's Python, and the waits are
-what one H200 took per llama_decode (prices.py, from FIELD_NOTES 2026-12-04).
+what one H200 took per llama_decode (prices.py says where and how they were measured).
 
     from ssd_edge import priced
     engine = priced.engine(EngineConfig.build(target=dict(path="priced"), mode="sd"), "h200-1.5b", agreement=0.95)
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import EngineConfig
-from ..engine import Engine
-from ..errors import ConfigError
+from ...config import EngineConfig
+from ...engine import Engine
+from ...errors import ConfigError
 from .backend import PricedContext, PricedModel
 from .prices import TABLES, PriceTable
 

@@ -1,7 +1,8 @@
 """Price tables: what one llama_decode of n tokens cost on a measured GPU, and the price of any n.
 
-Source: /work/shared/FIELD_NOTES.md, "The GPU regime, measured": one H200, CUDA 13.0, a 16-core Xeon
-host, 2026-12-04; llama-bench -ngl 99 on random-weight Qwen2-shaped Q4_0 GGUFs (FA kernels off), ms.
+Source: FIELD_NOTES.md (the project's shared notes, not in the repository), "The GPU regime, measured":
+one H200, CUDA 13.0, a 16-core Xeon host, 2026-12-04; llama-bench -ngl 99 on random-weight Qwen2-shaped
+Q4_0 GGUFs (FA kernels off), ms.
 A one-token decode is llama.cpp's tg, which runs as a CUDA graph (1.5B: 1.70 ms against 3.25 for a
 batch of one); batches of 2 and more are the pp figures.
 

@@ -36,14 +36,14 @@ from typing import Sequence
 
 import numpy as np
 
-from ..coupling import mix64
-from ..errors import DecodeError
-from ..interface import DECODES, Aborted, ModelInfo
+from ...coupling import mix64
+from ...errors import DecodeError
+from ...interface import DECODES, Aborted, ModelInfo
 from .cells import CellCache, seq_ids
 from .prices import Curve, PriceTable
 
 try:  # the busy wait (ssd_edge/native.c); without it, decodes sleep their price
-    from ..native import spin
+    from ...native import spin
 except ImportError:  # pragma: no cover - a build without the extension
     spin = None
 

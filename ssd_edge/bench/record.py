@@ -1,0 +1,79 @@
+"""One bench run measured: a generation from a cold KV cache, read off the engine's event stream into
+a RunRecord (schema.py), with the process's peak resident memory sampled beside it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+
+from .schema import BenchPrompt, RunRecord
+
+
+class RssPeak:
+    """Peak resident memory of this process while a block runs (sampled every 20 ms)."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        import psutil
+
+        self.proc = psutil.Process()
+        self.every_s = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __enter__(self) -> "RssPeak":
+        self.peak = self.proc.memory_info().rss
+        self._thread = threading.Thread(target=self._poll, name="bench-rss", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+
+def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, seed: int, max_tokens: int,
+            temperature: float) -> RunRecord:
+    """One generation from a cold KV cache; the record of what it did."""
+    from ..events import FinishEvent
+
+    engine.reset()  # each run prefills its prompt, like a fresh request
+    sampling = engine.config.sampling.model_copy(update=dict(temperature=temperature, seed=seed))
+    latencies: list[float] = []
+    modes_run: Counter[str] = Counter()
+    spec_rounds = 0
+    finish = None
+    with RssPeak() as rss:
+        gen = engine.generate(messages=prompt.messages, max_tokens=prompt.max_tokens or max_tokens, mode=mode,
+                              sampling=sampling)
+        try:
+            for ev in gen:
+                if isinstance(ev, FinishEvent):
+                    finish = ev
+                    break
+                r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call)
+                modes_run[r.mode] += ev.rounds
+                spec_rounds += r.drafted > 0
+                if r.index > 0 and ev.tokens:  # the first round carries the prompt's prefill (TTFT)
+                    latencies.extend([ev.wall_ms / len(ev.tokens)] * len(ev.tokens))
+        finally:
+            gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
+    assert finish is not None
+    st, pre = finish.stats, finish.stats.prespec
+    return RunRecord(
+        setting=setting, mode=mode, prompt_id=prompt.id, category=prompt.category, rep=rep, seed=seed,
+        prompt_tokens=st.prompt_tokens, tokens=st.tokens, stop_reason=finish.stop_reason, wall_s=st.wall_s,
+        ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
+        drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
+        lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits, miss_reasons=dict(pre.miss_reasons),
+        draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
+        positions=st.positions, peak_rss_mib=rss.peak / 2**20,
+        memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),
+        auto=st.auto.to_dict() if st.auto is not None else None,
+        output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])
