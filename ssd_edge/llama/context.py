@@ -51,6 +51,28 @@ def _address(ptr: Any) -> int:
     return ptr if isinstance(ptr, int) else ctypes.cast(ptr, ctypes.c_void_p).value
 
 
+class StepsCall(ctypes.Structure):
+    """native.steps's one argument: ssd_edge/native.c's steps_call, the same fields in the same order (the C
+    says what each is; a size that differs is refused there). llama.cpp's functions and objects by address
+    and the batch buffer come first, the same in every call of a context; set() fills in one call's token,
+    position, sequence, limits and draw."""
+
+    _fields_ = [("decode", ctypes.c_void_p), ("get_logits", ctypes.c_void_p), ("is_eog", ctypes.c_void_p),
+                ("ctx", ctypes.c_void_p), ("vocab", ctypes.c_void_p), ("batch", ctypes.c_void_p),
+                ("batch_size", ctypes.c_int64), ("n_vocab", ctypes.c_int64),
+                ("token", ctypes.c_int32), ("pos", ctypes.c_int32), ("seq", ctypes.c_int32),
+                ("most", ctypes.c_int64), ("seconds", ctypes.c_double),
+                ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double), ("min_p", ctypes.c_double),
+                ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64)]
+
+    def set(self, token: int, pos: int, seq: int, most: int, seconds: float,
+            draws: tuple[int, float, float, float, int]) -> StepsCall:
+        """This call's fields (draws: coupling.Drawer.native's (top_k, top_p, min_p, temperature, seed)); self."""
+        self.token, self.pos, self.seq, self.most, self.seconds = token, pos, seq, most, seconds
+        self.top_k, self.top_p, self.min_p, self.temperature, self.seed = draws
+        return self
+
+
 def _logits_address() -> Any:
     """llama_get_logits as a foreign function of its own that returns the buffer's address as an int (not
     llama_cpp's, whose float pointer costs an object and a cast on every decode; llama_cpp's is untouched)."""
@@ -106,7 +128,7 @@ class Context:
         self._batch = ll.llama_batch_init(n_batch, 0, n_seq_max)
         self._logits_address = _logits_address()
         self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> the rows over the output buffer
-        self._step_fns: tuple[int, ...] | None = None  # what steps() hands native.steps, found at its first call
+        self._steps_call: StepsCall | None = None  # native.steps's argument, llama.cpp's part found at the first call
         self.abort = AbortFlag()
         ll.llama_set_abort_callback(self.ptr, self.abort.callback, self.abort.data)
         self._closed = False
@@ -184,13 +206,15 @@ class Context:
         most = min(most, self.n_ctx - pos)
         if most < 1:
             raise ContextFullError(f"context of {self.n_ctx} tokens is full")
-        if self._step_fns is None:
+        call = self._steps_call
+        if call is None:
             lib = ll.llama_cpp._lib
-            self._step_fns = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
-                                   ("llama_decode", "llama_get_logits", "llama_vocab_is_eog")) + (
-                _address(self.ptr), _address(self.model.vocab), ctypes.addressof(self._batch))
-        drawn, rc, took, decoded, undecided = native_steps(*self._step_fns, token, pos, seq, self.model.n_vocab,
-                                                           most, seconds, *draws)
+            fns = (ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in
+                   ("llama_decode", "llama_get_logits", "llama_vocab_is_eog"))
+            call = self._steps_call = StepsCall(*fns, _address(self.ptr), _address(self.model.vocab),
+                                                ctypes.addressof(self._batch), ctypes.sizeof(self._batch),
+                                                self.model.n_vocab)
+        drawn, rc, took, decoded, undecided = native_steps(call.set(token, pos, seq, most, seconds, draws))
         DECODES.add(took, decoded)
         if not drawn and not undecided:
             self._check(rc, 1)
