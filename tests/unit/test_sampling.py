@@ -250,6 +250,22 @@ def _rows_with_ties_and_masks():
         yield sparse
 
 
+def test_native_path_says_whether_the_compiled_paths_run(monkeypatch):
+    """native_path(): "c" where ssd_edge.native imports (its passes then run), "numpy" where it does not."""
+    import importlib
+
+    import ssd_edge.sampling as sampling
+
+    try:
+        importlib.import_module("ssd_edge.native")
+        built = True
+    except ImportError:
+        built = False
+    assert sampling.native_path() == ("c" if built else "numpy")
+    monkeypatch.setattr(sampling, "compiled_top_ids", None)  # as a build without the extension imports it
+    assert sampling.native_path() == "numpy"
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_top_ids_is_the_k_largest_with_ties_to_the_lower_ids(compiled, monkeypatch):
     """Both paths (the compiled pass, ssd_edge/native.c, and numpy's) give exactly the full sort's ids."""
