@@ -5,7 +5,7 @@
  * reference the tests hold these to; exp and log may differ from numpy's in the last bit); draw(row, top_k,
  * top_p, min_p, temperature, seed, position): the two in one call, the token alone handed back.
  *
- * steps(...): mode ar's plain decoding steps in one call (llama_decode, then argmax_core or support_core and
+ * steps(call): mode ar's plain decoding steps in one call (llama_decode, then argmax_core or support_core and
  * gumbel_core on its row, then the drawn token decoded next, ...), llama.cpp's functions by address.
  *
  * spin(seconds): wait that long on this core, the interpreter's lock released, as a CUDA host thread
@@ -688,7 +688,9 @@ static PyObject *spin(PyObject *self, PyObject *args) {
 
 /* llama.cpp's batch and the three functions steps() calls, as the pinned llama.h declares them (llama_token,
  * llama_pos and llama_seq_id are int32_t; llama_cpp's ctypes mirror the same layout). Their addresses come
- * from the loaded library at run time: this module links nothing of llama.cpp. */
+ * from the loaded library at run time: this module links nothing of llama.cpp. The batch's size travels in
+ * each call (steps_call.batch_size, llama_cpp's ctypes.sizeof), so a llama.h whose batch grew is refused,
+ * not written past. */
 typedef struct {
     int32_t n_tokens;
     int32_t *token;
@@ -702,8 +704,31 @@ typedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch);
 typedef float *(*logits_fn)(void *ctx);
 typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
 
-/* steps(decode, get_logits, is_eog, ctx, vocab, batch, token, pos, seq, n_vocab, most, seconds, top_k, top_p,
- *       min_p, temperature, seed) -> (drawn, rc, in_decode_s, decoded, undecided)
+/* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
+ * a ctypes.Structure with these fields in this order (a buffer of another size is refused). The first
+ * eight are a context's and stay the same from call to call; the rest are one call's. */
+typedef struct {
+    decode_fn decode;         /* llama_decode */
+    logits_fn get_logits;     /* llama_get_logits: the output row of the last decode (one output per batch) */
+    is_eog_fn is_eog;         /* llama_vocab_is_eog */
+    void *ctx;                /* the llama_context */
+    const void *vocab;        /* its model's llama_vocab */
+    llama_batch_t *batch;     /* the context's batch buffer: each step's one token goes in its arrays */
+    int64_t batch_size;       /* sizeof(llama_batch) as the caller's llama_cpp declares it: sizeof(llama_batch_t) */
+    int64_t n_vocab;          /* a logit row's length */
+    int32_t token;            /* the first token decoded, at position pos of sequence seq */
+    int32_t pos;
+    int32_t seq;
+    int64_t most;             /* draw at most this many tokens (>= 1) */
+    double seconds;           /* and stop after the step that reaches this many seconds (looked at after each) */
+    int64_t top_k;            /* the draw (coupling.Drawer.native): 0 greedy, else top-k on, < n_vocab */
+    double top_p;
+    double min_p;
+    double temperature;       /* > 0 where top_k > 0 */
+    uint64_t seed;
+} steps_call;
+
+/* steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided)
  *
  * Plain decoding in one call, the interpreter's lock released throughout: decode `token` at `pos` of
  * sequence `seq` (one output), draw the next token from its row, decode that one, and so on, until `most`
@@ -715,26 +740,31 @@ typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
  * loop stops with undecided = 1: that row is the context's output row still, for the caller to draw from
  * (what was decoded stays decoded, and the caller knows it). in_decode_s: the
  * seconds inside llama_decode and the logits read that synchronizes with it; decoded: decodes that ran. */
-static PyObject *steps(PyObject *self, PyObject *args) {
-    unsigned long long decode_p, logits_p, eog_p, ctx_p, vocab_p, batch_p, seed;
-    int token, pos, seq;
-    Py_ssize_t n_vocab, most, k;
-    double seconds, top_p, min_p, temperature;
-    if (!PyArg_ParseTuple(args, "KKKKKKiiinndndddK", &decode_p, &logits_p, &eog_p, &ctx_p, &vocab_p, &batch_p,
-                          &token, &pos, &seq, &n_vocab, &most, &seconds, &k, &top_p, &min_p, &temperature, &seed))
+static PyObject *steps(PyObject *self, PyObject *arg) {
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    if (buf.len != (Py_ssize_t)sizeof(steps_call)) {
+        PyErr_Format(PyExc_ValueError, "steps: a call of %zd bytes, not %zd (StepsCall and native.c's steps_call "
+                     "differ)", buf.len, (Py_ssize_t)sizeof(steps_call));
+        PyBuffer_Release(&buf);
         return NULL;
-    if (!decode_p || !logits_p || !eog_p || !ctx_p || !batch_p || n_vocab < 1 || most < 1 || k < 0 || k >= n_vocab ||
-        (k > 0 && !(temperature > 0.0))) {
+    }
+    steps_call c;  /* a copy: the caller's struct is free again once parsed */
+    memcpy(&c, buf.buf, sizeof c);
+    PyBuffer_Release(&buf);
+    if (c.batch_size != (int64_t)sizeof(llama_batch_t)) {
+        PyErr_Format(PyExc_ValueError, "steps: llama_batch is %lld bytes in llama_cpp, %zd in native.c",
+                     (long long)c.batch_size, (Py_ssize_t)sizeof(llama_batch_t));
+        return NULL;
+    }
+    const int64_t n_vocab = c.n_vocab, most = c.most, k = c.top_k;
+    if (!c.decode || !c.get_logits || !c.is_eog || !c.ctx || !c.batch || n_vocab < 1 || most < 1 || k < 0 ||
+        k >= n_vocab || (k > 0 && !(c.temperature > 0.0))) {
         PyErr_SetString(PyExc_ValueError, "steps: null function or context, an empty vocabulary, most < 1, or "
                                           "top_k outside 0..n_vocab-1 (or a sampled draw at temperature <= 0)");
         return NULL;
     }
-    const decode_fn decode = (decode_fn)(uintptr_t)decode_p;
-    const logits_fn get_logits = (logits_fn)(uintptr_t)logits_p;
-    const is_eog_fn is_eog = (is_eog_fn)(uintptr_t)eog_p;
-    void *ctx = (void *)(uintptr_t)ctx_p;
-    const void *vocab = (const void *)(uintptr_t)vocab_p;
-    llama_batch_t b = *(const llama_batch_t *)(uintptr_t)batch_p;  /* its arrays are the context's batch buffer */
+    llama_batch_t b = *c.batch;  /* its arrays are the context's batch buffer */
     int32_t *drawn = malloc((size_t)most * sizeof(int32_t));
     float *bound = malloc((size_t)(n_vocab / GROUP + 1) * sizeof(float));
     if (drawn == NULL || bound == NULL) {
@@ -747,17 +777,17 @@ static PyObject *steps(PyObject *self, PyObject *args) {
     double in_decode = 0.0;
     Py_BEGIN_ALLOW_THREADS
     const double start = now_s();
-    int32_t t = token, p = pos;
+    int32_t t = c.token, p = c.pos;
     for (;;) {
         b.n_tokens = 1;
         b.token[0] = t;
         b.pos[0] = p;
         b.n_seq_id[0] = 1;
-        b.seq_id[0][0] = seq;
+        b.seq_id[0][0] = c.seq;
         b.logits[0] = 1;
         const double t0 = now_s();
-        rc = decode(ctx, b);
-        const float *row = rc == 0 ? get_logits(ctx) : NULL;
+        rc = c.decode(c.ctx, b);
+        const float *row = rc == 0 ? c.get_logits(c.ctx) : NULL;
         in_decode += now_s() - t0;
         if (rc != 0) break;
         decoded++;
@@ -768,14 +798,14 @@ static PyObject *steps(PyObject *self, PyObject *args) {
             int64_t *idx;
             double *pr;
             Py_ssize_t m = 0;
-            status = support_core(row, n_vocab, k, top_p, min_p, temperature, &idx, &pr, &m);
-            next = status == 1 ? (m == 1 ? idx[0] : gumbel_core(idx, pr, m, seed, (uint64_t)p + 1)) : 0;
+            status = support_core(row, n_vocab, k, c.top_p, c.min_p, c.temperature, &idx, &pr, &m);
+            next = status == 1 ? (m == 1 ? idx[0] : gumbel_core(idx, pr, m, c.seed, (uint64_t)p + 1)) : 0;
             free(idx);
             free(pr);
             if (status != 1) break;
         }
         drawn[n++] = (int32_t)next;
-        if (n >= most || is_eog(vocab, (int32_t)next) || now_s() - start >= seconds) break;
+        if (n >= most || c.is_eog(c.vocab, (int32_t)next) || now_s() - start >= c.seconds) break;
         t = (int32_t)next;
         p++;
     }
@@ -842,10 +872,9 @@ static PyMethodDef methods[] = {
     {"draw", draw, METH_VARARGS,
      "draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, "
      "or None: coupling.draw for top_k > 0, in one call."},
-    {"steps", steps, METH_VARARGS,
-     "steps(decode, get_logits, is_eog, ctx, vocab, batch, token, pos, seq, n_vocab, most, seconds, top_k, top_p, "
-     "min_p, temperature, seed) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
-     "(llama.cpp's functions by address; top_k 0: greedy)."},
+    {"steps", steps, METH_O,
+     "steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
+     "(llama.cpp's functions by address; top_k 0: greedy). call: ssd_edge.llama.context.StepsCall."},
     {"argmax", argmax, METH_VARARGS, "argmax(row: float32 buffer) -> int: np.argmax's answer (first of ties, a NaN first)."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "

@@ -48,6 +48,13 @@ try:  # compiled at install where a C compiler is (setup.py); without it the num
 except ImportError:  # pragma: no cover - a build without the extension
     compiled_head = compiled_support = compiled_top_ids = None
 
+
+def native_path() -> str:
+    """Which path reads rows and draws tokens here: "c" where ssd_edge/native.c is built and imports (a
+    row's top-k, support and head, coupling's draws, a llama Context's plain steps in one call), "numpy"
+    where it is not (the same tokens, slower; mode ar then steps one round at a time)."""
+    return "numpy" if compiled_top_ids is None else "c"
+
 _TOP_P_CANDIDATES = 1024  # top-p looks at this many largest first, and the full row only if needed
 HEAD = 40  # the largest logits a row's confidence and candidates are read from where sampling sets no top-k
 _SAMPLE = 2048  # values top_ids samples from a row to set its threshold

@@ -3,7 +3,7 @@ and the command line of the `rpc-server` that `ssd-edge rpc-server` launches.
 
     --rpc 192.168.1.20:50052,192.168.1.21:50052      the target's offloaded layers go there
 
-backend.py registers the endpoints with ggml (`ggml_backend_rpc_add_server`). Before it does, every
+model.py registers the endpoints with ggml (`ggml_backend_rpc_add_server`). Before it does, every
 endpoint is probed here with the protocol's own HELLO: llama.cpp's client calls abort() when it
 cannot connect or the handshake fails, so a wrong port must be caught in Python first.
 

@@ -1,7 +1,7 @@
 """`ssd-edge models` on a terminal: the table of catalog models, and pulls with
 a progress bar in bytes (one line per part when stderr is a log, not a screen).
 
-The fetching itself is catalog.pull; this module adds what a person at a
+The fetching itself is catalog.pull (hub_pull.pull for a Hub model); this module adds what a person at a
 terminal needs around it: one pull per models folder at a time (a lock), the
 sweeping of partial files that a killed pull left, and a line per result.
 """
@@ -17,7 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from ..errors import FetchError, ModelNotFoundError
-from . import catalog, hub
+from . import catalog, hub, hub_pull
 
 
 def problem(m: catalog.CatalogModel, path: Path) -> str | None:
@@ -138,7 +138,7 @@ def pull_hub_one(name: str, models_dir: Path, verify: bool, out: Console | None,
             if label not in started:
                 started.add(label)
                 err.print(f"{label} … ({total / 1e6:,.1f} MB in all)")
-        model, fetched = hub.pull(name, models_dir, progress=log_file, verify=verify)
+        model, fetched = hub_pull.pull(name, models_dir, progress=log_file, verify=verify)
     else:
         columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), DownloadColumn(),
                    TransferSpeedColumn(), TimeRemainingColumn())
@@ -147,7 +147,7 @@ def pull_hub_one(name: str, models_dir: Path, verify: bool, out: Console | None,
 
             def on_progress(label: str, nbytes: int, total: int) -> None:
                 progress.update(task, description=label, total=total, advance=nbytes)
-            model, fetched = hub.pull(name, models_dir, progress=on_progress, verify=verify)
+            model, fetched = hub_pull.pull(name, models_dir, progress=on_progress, verify=verify)
     if out is not None:
         shards = f", {len(model.files)} files" if len(model.files) > 1 else ""
         checked = ", sha256 checked" if fetched or verify else ""

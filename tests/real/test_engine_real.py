@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from native_build import skip_or_fail
 from ssd_edge.config import EngineConfig
 from ssd_edge.errors import ConfigError, ContextFullError
 from ssd_edge.events import FinishEvent, TokenEvent
@@ -195,7 +196,6 @@ def test_configure_budget_down_and_back_up(small_engine):
 
 
 @pytest.mark.real
-@pytest.mark.skipif(not native_built, reason="needs ssd_edge.native (built by pip install)")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_steps_in_c_are_the_rounds_own_tokens(small_engine, monkeypatch, temperature):
     """Mode ar's steps after the prompt run in one C call each (Engine._plain_run, native.steps); with them
@@ -204,6 +204,9 @@ def test_plain_steps_in_c_are_the_rounds_own_tokens(small_engine, monkeypatch, t
     each from an empty cache (a cached prefix changes the first batch: tests/lossless_check.py)."""
     from ssd_edge.config import SamplingConfig
     from ssd_edge.engine import Engine
+
+    if not native_built:
+        skip_or_fail("native.steps")
 
     s = SamplingConfig(temperature=temperature, seed=3)
     cases = [dict(messages=[{"role": "user", "content": m}], max_tokens=64)

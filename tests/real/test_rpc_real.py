@@ -120,11 +120,11 @@ def test_rpc_target_gives_the_local_greedy_tokens(small_pair, small_engine, serv
         # a second model on the same server while the first holds its one connection (a reload in the TUI)
         from unittest import mock
 
-        from ssd_edge.llama import backend
+        from ssd_edge.llama import model
 
         # not probed again: the server is busy with our own connection, a HELLO probe would wait 3 s
-        with mock.patch.object(backend, "probe", wraps=backend.probe) as probed:
-            backend.Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
+        with mock.patch.object(model, "probe", wraps=model.probe) as probed:
+            model.Model(small_pair[0], n_gpu_layers=-1, rpc=[str(server.endpoint)]).close()
         assert probed.call_count == 0
     assert local["ar"] == local["sd"] == local["ssd"]  # and the modes agree among themselves
 

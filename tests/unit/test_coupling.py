@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from native_build import skip_or_fail
 import ssd_edge.coupling as coupling
 from ssd_edge.coupling import gumbel_pick, gumbel_picks, uniforms
 
@@ -87,7 +88,7 @@ def test_the_compiled_draw_is_numpys():
     """coupling.gumbel_draw in C (ssd_edge/native.c) draws the token numpy's path draws, for every seed
     and position tried (the same noise; the two logs may differ only in the last bit)."""
     if coupling.compiled_gumbel is None:
-        pytest.skip("the compiled draw is not built here")
+        skip_or_fail("the compiled draw")
     rng = np.random.default_rng(11)
     for m in (2, 3, 40, 500):
         ids = np.sort(rng.choice(151_936, size=m, replace=False)).astype(np.int64)
@@ -106,7 +107,7 @@ def test_the_compiled_argmax_is_numpys():
     answers as np.argmax on rows of every length around its 512-value groups, at both pass widths: ties
     to the first, the first NaN wherever one is, +inf, all -inf, the largest in the tail, ascending rows."""
     if coupling.compiled_argmax is None:
-        pytest.skip("the compiled argmax is not built here")
+        skip_or_fail("the compiled argmax")
     from test_sampling import _scan_widths, _set_scan_width
 
     rng = np.random.default_rng(13)
@@ -143,7 +144,7 @@ def test_a_draw_in_one_compiled_call_is_the_support_then_the_gumbel_draw(monkeyp
     the two steps give in Python, and the one the numpy paths give, for rows with ties and masks, every
     sampling setting tried, seeds and positions; a row it declines (NaN) goes the long way."""
     if coupling.compiled_draw is None:
-        pytest.skip("the compiled draw is not built here")
+        skip_or_fail("the compiled draw")
     import ssd_edge.sampling as sampling
     from ssd_edge.config import SamplingConfig
 

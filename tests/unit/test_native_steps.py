@@ -12,14 +12,27 @@ import time
 import numpy as np
 import pytest
 
+from native_build import skip_or_fail
 from ssd_edge.coupling import Drawer
 from ssd_edge.config import SamplingConfig
+from ssd_edge.llama.context import StepsCall
 from ssd_edge.llama.kvseq import KVSeq
-from ssd_edge.native import argmax, draw, steps
+
+try:
+    from ssd_edge.native import argmax, draw, steps
+except ImportError:  # each test then skips, or fails where a C compiler could have built the extension
+    argmax = draw = steps = None
 
 N_VOCAB = 1000
 SAMPLED = (40, 0.95, 0.05, 1.0, 77)  # top_k, top_p, min_p, temperature, seed
 GREEDY = (0, 0.0, 0.0, 0.0, 0)
+
+
+@pytest.fixture(autouse=True)
+def native_built() -> None:
+    """Every test here needs the extension: a skip without a C compiler, else a failure (native_build.py)."""
+    if steps is None:
+        skip_or_fail("native.steps")
 
 
 class Batch(ctypes.Structure):  # llama_batch, as llama.h declares it
@@ -60,8 +73,9 @@ class Library:
         return 0
 
     def steps(self, token: int, pos: int, seq: int, most: int, seconds: float = 10.0, draws=GREEDY):
-        addr = [ctypes.cast(f, ctypes.c_void_p).value for f in self._fns]
-        return steps(*addr, 1, 1, ctypes.addressof(self.batch), token, pos, seq, N_VOCAB, most, seconds, *draws)
+        decode, logits, is_eog = (ctypes.cast(f, ctypes.c_void_p).value for f in self._fns)
+        call = StepsCall(decode, logits, is_eog, 1, 1, ctypes.addressof(self.batch), ctypes.sizeof(Batch), N_VOCAB)
+        return steps(call.set(token, pos, seq, most, seconds, draws))
 
 
 def rows(n: int, seed: int = 0) -> list[np.ndarray]:
@@ -124,6 +138,19 @@ def test_a_row_the_c_pass_cannot_draw_from_is_left_to_the_caller():
 def test_steps_refuse_what_they_cannot_do(most, draws):
     with pytest.raises(ValueError):
         Library(rows(2)).steps(token=1, pos=0, seq=0, most=most, draws=draws)
+
+
+def test_steps_refuse_a_call_of_another_layout():
+    """The call is native.c's steps_call byte for byte, and its batch llama_cpp's llama_batch: a call of
+    another size, or a batch declared another size, is refused before anything is decoded."""
+    lib = Library(rows(2))
+    with pytest.raises(ValueError, match="bytes"):
+        steps(bytes(ctypes.sizeof(StepsCall) - 8))
+    decode, logits, is_eog = (ctypes.cast(f, ctypes.c_void_p).value for f in lib._fns)
+    call = StepsCall(decode, logits, is_eog, 1, 1, ctypes.addressof(lib.batch), ctypes.sizeof(Batch) + 8, N_VOCAB)
+    with pytest.raises(ValueError, match="llama_batch"):
+        steps(call.set(1, 0, 0, 2, 10.0, GREEDY))
+    assert lib.batches == []
 
 
 class SteppingContext:

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from native_build import skip_or_fail
 from ssd_edge.errors import ConfigError, ContextFullError
 from ssd_edge.interface import DECODES, Aborted, AbortSignal, BackendContext, BackendModel
 from ssd_edge.bench.priced import Priced, PricedContext, PricedModel, TABLES
@@ -74,7 +75,7 @@ def test_decodes_take_their_price_on_average(spin, monkeypatch):
     import ssd_edge.bench.priced.backend as backend
 
     if spin and backend.spin is None:
-        pytest.skip("the compiled wait is not built here")
+        skip_or_fail("the compiled wait")
     if not spin:
         monkeypatch.setattr(backend, "spin", None)
     target, _ = pair()
@@ -316,7 +317,7 @@ def test_the_compiled_spin_waits_its_time_and_lets_other_threads_run():
     from ssd_edge.bench.priced.backend import spin
 
     if spin is None:
-        pytest.skip("the compiled wait is not built here")
+        skip_or_fail("the compiled wait")
     counted, stop = [0], threading.Event()
 
     def count():

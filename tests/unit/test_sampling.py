@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from native_build import skip_or_fail
 from ssd_edge.config import SamplingConfig
 from ssd_edge.sampling import _TOP_P_CANDIDATES, probs, reshape_saguaro, sample
 
@@ -249,13 +250,29 @@ def _rows_with_ties_and_masks():
         yield sparse
 
 
+def test_native_path_says_whether_the_compiled_paths_run(monkeypatch):
+    """native_path(): "c" where ssd_edge.native imports (its passes then run), "numpy" where it does not."""
+    import importlib
+
+    import ssd_edge.sampling as sampling
+
+    try:
+        importlib.import_module("ssd_edge.native")
+        built = True
+    except ImportError:
+        built = False
+    assert sampling.native_path() == ("c" if built else "numpy")
+    monkeypatch.setattr(sampling, "compiled_top_ids", None)  # as a build without the extension imports it
+    assert sampling.native_path() == "numpy"
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_top_ids_is_the_k_largest_with_ties_to_the_lower_ids(compiled, monkeypatch):
     """Both paths (the compiled pass, ssd_edge/native.c, and numpy's) give exactly the full sort's ids."""
     import ssd_edge.sampling as sampling
 
     if compiled and sampling.compiled_top_ids is None:
-        pytest.skip("the compiled pass is not built here")
+        skip_or_fail("the compiled pass")
     if not compiled:
         monkeypatch.setattr(sampling, "compiled_top_ids", None)
     for width in _scan_widths() if compiled else [None]:
@@ -283,9 +300,12 @@ def _scan_widths() -> list[int]:
 
 
 def _set_scan_width(width: int | None) -> int | None:
+    """Set the compiled pass's width and return the one before; None: the numpy path (no extension needed)."""
+    if width is None:
+        return None
     from ssd_edge import native
 
-    return native.scan_width(width) if width is not None else None
+    return native.scan_width(width)
 
 
 def test_top_ids_takes_the_numpy_path_for_nan_and_other_dtypes():
@@ -321,7 +341,7 @@ def test_the_compiled_support_is_the_numpy_chain():
     import ssd_edge.sampling as sampling
 
     if sampling.compiled_support is None:
-        pytest.skip("the compiled chain is not built here")
+        skip_or_fail("the compiled chain")
     for x in _rows_with_ties_and_masks():
         if len(x) > 50_000 or not np.isfinite(x).any():
             continue
@@ -339,7 +359,7 @@ def test_the_compiled_head_is_numpys(monkeypatch):
     import ssd_edge.sampling as sampling
 
     if sampling.compiled_head is None:
-        pytest.skip("the compiled head is not built here")
+        skip_or_fail("the compiled head")
     for x in _rows_with_ties_and_masks():
         if not np.isfinite(x).any() or len(x) <= HEAD_K:
             continue
