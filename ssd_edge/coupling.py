@@ -29,7 +29,7 @@ communication); on the peaked distributions of a good draft the difference is sm
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -123,20 +123,39 @@ def draw(logits: np.ndarray, s: SamplingConfig, seed: int, position: int) -> int
     return Drawer(s, seed)(logits, position)
 
 
+class RowHook(Protocol):
+    """What may change a logit row before its draw, before top-k (structured output's grammar mask,
+    penalties, a logit bias): called with the row and the drawn token's position, it changes the row in
+    place. native: its form for native.steps's C loop, (a C function's address, its user pointer), with
+    native.c's row_hook_fn signature; None where only Python can run it (plain steps then go a round at
+    a time)."""
+
+    native: tuple[int, int] | None
+
+    def __call__(self, row: np.ndarray, position: int) -> None: ...
+
+
 class Drawer:
     """draw() for one generation: its settings and seed bound once, so that a position's draw is the C
     call and little else (on a row fresh from a CPU decode, draw()'s own checks and conversions took 17
-    of its 55 us). drawer(row, position) == draw(row, s, seed, position)."""
+    of its 55 us). drawer(row, position) == draw(row, s, seed, position) on the row as its hook leaves
+    it (none: as it is)."""
 
-    def __init__(self, s: SamplingConfig, seed: int) -> None:
-        self.s, self.seed, self.greedy = s, seed, s.greedy
+    def __init__(self, s: SamplingConfig, seed: int, hook: RowHook | None = None) -> None:
+        self.s, self.seed, self.greedy, self.hook = s, seed, s.greedy, hook
         self._fused = None if self.greedy or compiled_draw is None or s.top_k <= 0 else \
             (s.top_k, s.top_p, s.min_p, s.temperature, int(seed) % (1 << 64))
         # these draws as a backend's C loop of plain steps makes them (llama Context.steps: top_k 0 is the
-        # argmax); None where only this object can (top-k off, or no compiled extension)
-        self.native = (0, 0.0, 0.0, 0.0, 0) if self.greedy and compiled_argmax is not None else self._fused
+        # argmax), the hook's native form after them; None where only this object can (top-k off, no
+        # compiled extension, a hook with no native form)
+        native = (0, 0.0, 0.0, 0.0, 0) if self.greedy and compiled_argmax is not None else self._fused
+        if hook is not None and native is not None:
+            native = (*native, *hook.native) if hook.native is not None else None
+        self.native = native
 
     def __call__(self, row: np.ndarray, position: int) -> int:
+        if self.hook is not None:
+            self.hook(row, position)
         if self.greedy:
             return argmax(row)
         if type(row) is not np.ndarray:

@@ -35,6 +35,7 @@ from .llama.kvseq import Cancelled
 from .metrics import Ema, Meter
 from .pair import Pair
 from .planning import rounds as planned
+from .sampling import native_path
 from .verify import verify
 
 log = logging.getLogger(__name__)
@@ -204,7 +205,7 @@ class Engine(Pair):
             rounds.close()
         yield gen.finish(meter.stats(seed=None if s.greedy else gen.seed, auto=rounds.report(),
                                      draft_load_s=draft_load_s, memory=self.memory().to_dict(),
-                                     devices=self.devices()))
+                                     devices=self.devices(), native=native_path()))
 
     def _verify(self, gen: Generation, rounds: planned.Rounds, prop: planned.Proposal, t_round: float
                 ) -> tuple[Round, list[int]]:

@@ -205,6 +205,7 @@ class Stats:
     in_decode_s: float = 0.0
     positions: int = 0
     host_ms_per_position: float | None = None
+    native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge/native.c), "numpy"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))

@@ -1,7 +1,7 @@
 """Per-generation measurements: throughput, acceptance, pre-speculation hit
 rate, latency split by hit and miss, utilization. One Meter per generation,
 owned by the engine thread that runs it. The pre-speculation worker thread
-(prespec.py) writes only through two parts made for it, each under its own
+(speculation/prespec/) writes only through two parts made for it, each under its own
 lock: BusyClock (the draft's busy seconds) and BranchTally (what the branches
 prepared, handed over and hold)."""
 
@@ -170,10 +170,11 @@ class Meter:
 
     def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None,
               draft_load_s: float | None = None, memory: Mapping[str, int] | None = None,
-              devices: Mapping[str, str] | None = None) -> Stats:
+              devices: Mapping[str, str] | None = None, native: str | None = None) -> Stats:
         """The generation's Stats, once it has ended. seed: a sampled generation's seed (None when
         greedy); auto: mode auto's report (the planner's figures and "concurrent"); draft_load_s: the
-        draft model was loaded before this generation, in that many seconds."""
+        draft model was loaded before this generation, in that many seconds; native: which path read
+        the rows (sampling.native_path)."""
         wall = self.elapsed()
         ttft = (self.t_first - self.t0) if self.t_first else None
         drafted = self.drafted
@@ -208,4 +209,4 @@ class Meter:
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
             first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,
             in_decode_s=in_decode_s, positions=positions,
-            host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None)
+            host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None, native=native)

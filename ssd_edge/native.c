@@ -703,6 +703,9 @@ typedef struct {
 typedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch);
 typedef float *(*logits_fn)(void *ctx);
 typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
+/* A row's hook (coupling.RowHook's native form): called on each output row before its draw, with the drawn
+ * token's position; it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). */
+typedef void (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position);
 
 /* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
  * a ctypes.Structure with these fields in this order (a buffer of another size is refused). The first
@@ -726,6 +729,8 @@ typedef struct {
     double min_p;
     double temperature;       /* > 0 where top_k > 0 */
     uint64_t seed;
+    row_hook_fn row_hook;     /* NULL: none; else called on each row before its draw */
+    void *row_hook_user;      /* the hook's first argument */
 } steps_call;
 
 /* steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided)
@@ -733,8 +738,9 @@ typedef struct {
  * Plain decoding in one call, the interpreter's lock released throughout: decode `token` at `pos` of
  * sequence `seq` (one output), draw the next token from its row, decode that one, and so on, until `most`
  * tokens are drawn, an end of generation is drawn, `seconds` have passed (looked at after each step), or a
- * decode fails (rc: llama_decode's code; the tokens drawn before it stand). A draw is the engine's own:
- * top_k 0 is greedy (argmax_core: np.argmax), else the coupled draw from the support (support_core then
+ * decode fails (rc: llama_decode's code; the tokens drawn before it stand). Each row goes through the
+ * call's row hook first, where it has one (the Python draw's coupling.Drawer does the same). A draw is the
+ * engine's own: top_k 0 is greedy (argmax_core: np.argmax), else the coupled draw from the support (support_core then
  * gumbel_core at the drawn token's position, pos + 1 for the first), as draw() makes it. Where a row's draw
  * is not the C pass's to make (support_core's 0: NaN, ties past its buffer; or its -1, out of memory) the
  * loop stops with undecided = 1: that row is the context's output row still, for the caller to draw from
@@ -791,6 +797,7 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         in_decode += now_s() - t0;
         if (rc != 0) break;
         decoded++;
+        if (c.row_hook) c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1);
         int64_t next;
         if (k == 0) {
             next = argmax_core(row, n_vocab, bound);

@@ -38,14 +38,15 @@ def hardware_settings(cores: int) -> dict[str, Setting]:
 def machine_info(cores: int) -> MachineInfo:
     import psutil
 
-    from ..planning.profile import device_info
     from ..llama import backend
+    from ..planning.profile import device_info
+    from ..sampling import native_path
 
     dev = device_info()
     return MachineInfo(os=platform.platform(), machine=dev.machine, cpu=dev.cpu,
                        cores=cores, ram_gib=round(psutil.virtual_memory().total / 2**30, 1),
                        python=platform.python_version(), llama_system_info=backend.system_info().strip(), gpus=dev.gpus,
-                       load_avg_start=os.getloadavg())
+                       load_avg_start=os.getloadavg(), native=native_path())
 
 
 def library_versions() -> dict[str, str]:

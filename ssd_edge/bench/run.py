@@ -43,7 +43,8 @@ from ..errors import ConfigError, SSDEdgeError
 from .args import BenchArgs, load_prompts, quick_prompts
 from .machine import PortablePaths, hardware_settings, library_versions, machine_info
 from .record import run_one
-from .schema import BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord, Setting
+from .schema import (BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord, RunRecord,
+                     Setting)
 
 log = logging.getLogger(__name__)
 

@@ -63,13 +63,15 @@ class StepsCall(ctypes.Structure):
                 ("token", ctypes.c_int32), ("pos", ctypes.c_int32), ("seq", ctypes.c_int32),
                 ("most", ctypes.c_int64), ("seconds", ctypes.c_double),
                 ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double), ("min_p", ctypes.c_double),
-                ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64)]
+                ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
+                ("row_hook", ctypes.c_void_p), ("row_hook_user", ctypes.c_void_p)]
 
-    def set(self, token: int, pos: int, seq: int, most: int, seconds: float,
-            draws: tuple[int, float, float, float, int]) -> StepsCall:
-        """This call's fields (draws: coupling.Drawer.native's (top_k, top_p, min_p, temperature, seed)); self."""
+    def set(self, token: int, pos: int, seq: int, most: int, seconds: float, draws: tuple) -> StepsCall:
+        """This call's fields (draws: coupling.Drawer.native's (top_k, top_p, min_p, temperature, seed), then
+        its row hook's (C function address, user pointer) where it has one); self."""
         self.token, self.pos, self.seq, self.most, self.seconds = token, pos, seq, most, seconds
-        self.top_k, self.top_p, self.min_p, self.temperature, self.seed = draws
+        self.top_k, self.top_p, self.min_p, self.temperature, self.seed = draws[:5]
+        self.row_hook, self.row_hook_user = draws[5:7] if len(draws) > 5 else (None, None)
         return self
 
 
@@ -191,12 +193,12 @@ class Context:
             raise DecodeError(f"llama_decode failed with code {rc} ({self.model.path.name})")
 
     def steps(self, token: int, pos: int, seq: int, most: int, seconds: float,
-              draws: tuple[int, float, float, float, int]) -> tuple[list[int], np.ndarray | None, float] | None:
+              draws: tuple) -> tuple[list[int], np.ndarray | None, float] | None:
         """Plain decoding steps in one C call (native.steps), none of them through Python: decode `token`
         at `pos` of `seq`, draw the next token from its row, decode that one, ..., until `most` tokens are
         drawn, an end of generation is, or `seconds` have passed (looked at after each step). draws:
-        (top_k, top_p, min_p, temperature, seed), top_k 0 for greedy: coupling.Drawer.native, whose draws
-        these are. Returns (drawn, row, seconds in decodes): every drawn token but the last was decoded
+        (top_k, top_p, min_p, temperature, seed), top_k 0 for greedy, and a row hook's (address, user)
+        where there is one: coupling.Drawer.native, whose draws these are. Returns (drawn, row, seconds in decodes): every drawn token but the last was decoded
         after it; row, where not None, is the output row of the last decode, whose draw the C pass left to
         the caller (NaN, ties past its buffer: a view, valid until the next decode). None where this
         context cannot (no compiled extension; an --rpc target, whose decodes go through the guard).

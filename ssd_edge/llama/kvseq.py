@@ -11,7 +11,7 @@ operations change `tokens` (read it anywhere, edit it nowhere else):
     adopt(seq, tokens) become sequence `seq`, which holds `tokens` already (an SSD branch handed over)
     move_to(seq)       carry the cells and tokens over to sequence `seq`
 
-Pre-speculation (speculation/prespec.py) decodes its branches into sequences no KVSeq holds;
+Pre-speculation (speculation/prespec/) decodes its branches into sequences no KVSeq holds;
 one becomes the draft's main sequence only through adopt().
 """
 

@@ -11,7 +11,7 @@
 Which outcomes are likeliest, how long a round's draft is and whether preparing pays are the
 planner's (planning/planner.py): this module holds no costs and no acceptance of its own.
 
-Pure state on the engine thread. The pre-speculation worker (prespec.py) never reads the policy,
+Pure state on the engine thread. The pre-speculation worker (prespec/worker.py) never reads the policy,
 only the frozen PolicySnapshot the engine takes when it starts a verify and hands over with it.
 """
 
