@@ -27,31 +27,26 @@ from typing import Any, Callable
 
 from textual import events
 from textual.app import App, ComposeResult
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Footer, Header, Input, ProgressBar, Static
+from textual.containers import Horizontal
+from textual.widgets import Footer, Header, Input, ProgressBar
 
 from ssd_edge.config import MODES, EngineConfig
 from ssd_edge.models import catalog
 from ssd_edge.models.catalog import load_catalog
 from ssd_edge.planning.planner import k_text
 
-from .chats import Chat
 from .commands import SSDEdgeCommands
 from .cores import EngineThread, urgent_keys_driver, yield_to_the_engine
 from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .frames import Frames, draw_intervals  # draw_intervals: re-exported (tests/real/test_tui_speed_real.py)
-from .keys import KEYS
+from .keys import KEYS, help_rows
 from .logs import logs_to_file
 from .loader import EngineFactory, calibrating_engine_factory, default_engine_factory, missing_models, model_label
 from .messages import EngineFailed, EngineLoaded, LogNotice, NoticeHandler, PullFinished, PullProgress, StreamWake
 from .screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from .session import Session
-from .widgets.chat import ChatView, PromptInput, ProvenanceLegend
+from .widgets.chat import ChatColumn, PromptInput
 from .widgets.panel import LivePanel
-
-NARROW_BELOW = 120    # terminal columns below which the live panel is narrow (app.tcss: #panel.-narrow)
-EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
-              ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
 
 
 class SSDEdgeApp(App[int]):
@@ -96,13 +91,7 @@ class SSDEdgeApp(App[int]):
     def compose(self) -> ComposeResult:
         yield Header(icon="◆")
         with Horizontal(id="main"):
-            with Vertical(id="chat-column"):
-                yield Static("", id="chat-title")
-                yield ProvenanceLegend("", id="legend")
-                yield ChatView(id="chat")
-                yield Static("", id="status")
-                yield ProgressBar(total=None, show_eta=False, id="progress")
-                yield PromptInput(placeholder="Ask something…  Enter sends · ↑↓ earlier prompts", id="prompt")
+            yield ChatColumn(id="chat-column")
             yield LivePanel(id="panel")
         yield Footer()
 
@@ -111,8 +100,8 @@ class SSDEdgeApp(App[int]):
             writer = getattr(self._driver, "_writer_thread", None)
             lowered = yield_to_the_engine(*([writer] if isinstance(writer, threading.Thread) else []))
             logging.getLogger(__name__).info("leaving the model its cores: %s", lowered)
-        self.fit_panel(self.size.width)
-        self.show_chat(self.session.chat)
+        self.query_one(LivePanel).fit(self.size.width)
+        self.column.show_chat(self.session.chat)
         self.query_one(LivePanel).show_live(self.session.live)
         self.query_one("#prompt").focus()
         self.set_interval(1.0, self._tick)
@@ -121,13 +110,7 @@ class SSDEdgeApp(App[int]):
         self.start_load(self.session.config)
 
     def on_resize(self, event: events.Resize) -> None:
-        self.fit_panel(event.size.width)
-
-    def fit_panel(self, width: int) -> None:
-        """A terminal narrower than NARROW_BELOW columns gets the narrow panel: at 80 columns the full
-        one left the chat 26 columns, where code wraps into twice the rows (and a streaming reply lays
-        the screen out twice as often)."""
-        self.query_one(LivePanel).set_class(width < NARROW_BELOW, "-narrow")
+        self.query_one(LivePanel).fit(event.size.width)
 
     def on_unmount(self) -> None:
         logging.getLogger("ssd_edge").removeHandler(self._notices)
@@ -137,24 +120,15 @@ class SSDEdgeApp(App[int]):
     def on_log_notice(self, msg: LogNotice) -> None:
         self.notify(msg.text, severity="error" if msg.error else "warning", timeout=8)
 
-    def set_status(self, text: str, error: bool = False) -> None:
-        status = self.query_one("#status", Static)
-        status.update(text)
-        status.set_class(error, "error")
-
-    def show_chat(self, chat: Chat) -> None:
-        self.query_one(ChatView).show_chat(chat)
-        self.show_chat_title()
-        prompt = self.query_one(PromptInput)
-        for m in chat.messages:
-            if m.role == "user":
-                prompt.remember(m.content)
+    @property
+    def column(self) -> ChatColumn:
+        return self.query_one(ChatColumn)
 
     def save_chat(self) -> None:
         try:
             self.session.save()
         except OSError as e:
-            self.set_status(f"could not save the chat to {self.session.store.folder}: {e}", error=True)
+            self.column.set_status(f"could not save the chat to {self.session.store.folder}: {e}", error=True)
 
     # ------------------------------------------------------------ generation
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -170,21 +144,11 @@ class SSDEdgeApp(App[int]):
         prompt = self.query_one(PromptInput)
         prompt.remember(text)
         prompt.value = ""
-        chat_view = self.query_one(ChatView)
-        asked, reply = self.session.ask(text)
-        chat_view.add_message(asked)
-        self.reply_frames.start(chat_view.add_message(reply))
-        self.show_chat_title()
+        self.reply_frames.start(self.column.add_exchange(*self.session.ask(text)))
+        self.column.show_title(self.session.chat)
         self.save_chat()
         prompt.cursor_blink = False  # a blink is a repaint of its own, twice a second, while the model needs the CPU
-        self.set_status(f"Writing ({self.session.config.mode})… Esc stops")
-
-    def show_chat_title(self) -> None:
-        chat = self.session.chat
-        title = chat.title or "New chat"
-        if chat.system:
-            title += f"  ·  system: {chat.system.splitlines()[0][:60]}"
-        self.query_one("#chat-title", Static).update(title)
+        self.column.set_status(f"Writing ({self.session.config.mode})… Esc stops")
 
     def on_stream_wake(self, _: StreamWake) -> None:
         self.reply_frames.wake()
@@ -197,7 +161,7 @@ class SSDEdgeApp(App[int]):
         pending = session.end_reply()
         self.query_one(PromptInput).cursor_blink = True
         failed = bool(session.reply and session.reply.note.startswith("error"))
-        self.set_status(f"Ready · {session.config.mode}", error=failed)
+        self.column.set_status(f"Ready · {session.config.mode}", error=failed)
         if pending and (error := self.configure(pending)):
             self.notify(error, title="Settings not applied", severity="error")
 
@@ -209,32 +173,23 @@ class SSDEdgeApp(App[int]):
         panel = self.query_one(LivePanel)
         panel.show_models(None, config, "loading…")
         panel.show_settings(config, self.session.live)
-        self.set_status(f"Loading {model_label(config)}…")
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=None)
-        bar.display = True
+        self.column.set_status(f"Loading {model_label(config)}…")
+        self.column.show_progress(total=None)
 
     def _tick(self) -> None:
         if self.session.phase == "loading":
-            self.set_status(f"Loading {model_label(self.session.config)}… "
-                            f"{self.clock() - self.session.load_started:.0f} s")
+            self.column.set_status(f"Loading {model_label(self.session.config)}… "
+                                   f"{self.clock() - self.session.load_started:.0f} s")
 
     def on_engine_loaded(self, msg: EngineLoaded) -> None:
         session = self.session
         session.loaded(msg.engine)
         self.sub_title = model_label(session.config)
-        self.hide_progress()
+        self.column.hide_progress()
         self.show_models()
         self.query_one(LivePanel).show_settings(session.config, session.live)
-        self.set_status(f"Ready · {session.config.mode} · loaded in {self.clock() - session.load_started:.0f} s")
-
-    def hide_progress(self) -> None:
-        """Hide the load/pull bar, and stop it: an indeterminate ProgressBar keeps its animation timer
-        (15 refreshes a second) even hidden. (Measured with tui_speed.py pilot: no change to the
-        compositor's calls while a reply streams; it is stopped because nothing is left to animate.)"""
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=1, progress=1)
-        bar.display = False
+        self.column.set_status(f"Ready · {session.config.mode} · "
+                               f"loaded in {self.clock() - session.load_started:.0f} s")
 
     def show_models(self) -> None:
         """The loaded pair in the panel (again after a reply for which the engine loaded its draft)."""
@@ -248,10 +203,10 @@ class SSDEdgeApp(App[int]):
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.session.failed(msg.exit_code)
-        self.hide_progress()
+        self.column.hide_progress()
         self.query_one(LivePanel).show_models(None, self.session.config, "not loaded")
         if msg.missing:
-            self.set_status("Models are missing: pull them, or pick others (F6)", error=True)
+            self.column.set_status("Models are missing: pull them, or pick others (F6)", error=True)
             self.push_screen(MissingModelsScreen(msg.missing, msg.error, self.session.fallback is not None),
                              partial(self._missing_choice, msg.missing))
         elif self.session.fallback is not None:
@@ -259,7 +214,7 @@ class SSDEdgeApp(App[int]):
                         timeout=10)
             self.start_load(self.session.take_fallback())
         else:
-            self.set_status(f"{msg.error}  ·  F6 picks other models · Ctrl+Q quits", error=True)
+            self.column.set_status(f"{msg.error}  ·  F6 picks other models · Ctrl+Q quits", error=True)
 
     def _missing_choice(self, models: list, choice: str | None) -> None:
         if choice == "pull":
@@ -273,23 +228,21 @@ class SSDEdgeApp(App[int]):
 
     def start_pull(self, models: list) -> None:
         self.session.start_pull(models)
-        bar = self.query_one("#progress", ProgressBar)
-        bar.update(total=sum(m.size for m in models), progress=0)
-        bar.display = True
-        self.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
+        self.column.show_progress(total=sum(m.size for m in models), progress=0)
+        self.column.set_status("Pulling " + ", ".join(m.name for m in models) + "…")
 
     def on_pull_progress(self, msg: PullProgress) -> None:
         self.query_one("#progress", ProgressBar).update(total=msg.total, progress=msg.done)
-        self.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
+        self.column.set_status(f"{msg.label}  ·  {msg.done / 1e9:.2f} / {msg.total / 1e9:.2f} GB")
 
     def on_pull_finished(self, msg: PullFinished) -> None:
-        self.hide_progress()
+        self.column.hide_progress()
         session = self.session
         missing = missing_models(session.config, session.models_dir)
         if msg.error or missing:
             session.failed()
             error = msg.error or "the pull ended but models are still missing"
-            self.set_status(error, error=True)
+            self.column.set_status(error, error=True)
             self.push_screen(MissingModelsScreen(missing, error, session.fallback is not None),
                              partial(self._missing_choice, missing))
         else:
@@ -313,7 +266,7 @@ class SSDEdgeApp(App[int]):
         self.query_one(LivePanel).show_settings(session.config, session.live)
         config = session.config
         k = k_text(config.mode, config.spec.k)
-        self.set_status(f"Ready · {config.mode}{f' · k {k}' if k else ''} · "
+        self.column.set_status(f"Ready · {config.mode}{f' · k {k}' if k else ''} · "
                         f"temperature {config.sampling.temperature:g}")
         return None
 
@@ -337,12 +290,12 @@ class SSDEdgeApp(App[int]):
     def action_stop(self) -> None:
         if self.session.phase == "generating":  # (the cancel may be set already: urgent_key)
             self.session.cancel.set()
-            self.set_status("Stopping…")
+            self.column.set_status("Stopping…")
 
     def action_new_chat(self) -> None:
         if self._busy("start a new chat"):
             return
-        self.show_chat(self.session.new_chat())
+        self.column.show_chat(self.session.new_chat())
         self.query_one(PromptInput).focus()
 
     def action_open_chats(self) -> None:
@@ -352,7 +305,7 @@ class SSDEdgeApp(App[int]):
 
     def _delete_chat(self, chat_id: str) -> None:
         if self.session.delete_chat(chat_id):  # the open chat is gone: carry on in a fresh one
-            self.show_chat(self.session.chat)
+            self.column.show_chat(self.session.chat)
 
     def _open_chat(self, chat_id: str | None) -> None:
         if not chat_id:
@@ -362,23 +315,20 @@ class SSDEdgeApp(App[int]):
         except (OSError, ValueError, KeyError, TypeError) as e:
             self.notify(f"cannot open chat {chat_id}: {e}", severity="error")
             return
-        self.show_chat(chat)
-        self.set_status(f"Opened “{chat.title}” ({len(chat.messages)} messages)")
+        self.column.show_chat(chat)
+        self.column.set_status(f"Opened “{chat.title}” ({len(chat.messages)} messages)")
 
     def action_system_prompt(self) -> None:
         def done(text: str | None) -> None:
             if text is not None:
                 self.session.chat.system = text
-                self.show_chat_title()
+                self.column.show_title(self.session.chat)
                 self.save_chat()
 
         self.push_screen(SystemPromptScreen(self.session.chat.system), done)
 
     def action_toggle_provenance(self) -> None:
-        chat_view = self.query_one(ChatView)
-        on = not chat_view.show_provenance
-        chat_view.set_provenance(on)
-        self.query_one("#legend").set_class(on, "-on")
+        self.column.toggle_provenance()
 
     def action_settings(self) -> None:
         self.push_screen(SettingsScreen(self.session.config, self.session.max_tokens, self.configure))
@@ -410,8 +360,7 @@ class SSDEdgeApp(App[int]):
         self.push_screen(ModelsScreen(cat, self.session.config, self.session.models_dir), done)
 
     def action_help(self) -> None:
-        keys = [(b.key.replace("escape", "esc"), b.tooltip or b.description) for b in self.BINDINGS]
-        self.push_screen(HelpScreen(EXTRA_KEYS + keys))
+        self.push_screen(HelpScreen(help_rows()))
 
     def action_screenshot(self) -> None:
         folder = os.environ.get("SSD_EDGE_SCREENSHOTS", os.getcwd())
@@ -423,7 +372,7 @@ class SSDEdgeApp(App[int]):
     async def action_quit(self) -> None:
         """Stop what runs (cancel the reply, stop a pull), wait for the workers, save, close the engine."""
         self.session.stop()
-        say = self.set_status
+        say = self.column.set_status
         await self.session.wait_workers(lambda name: say(f"Quitting: waiting for the {name} worker to stop…"))
         self.reply_frames.frame()  # whatever the reply sent before it stopped
         self.save_chat()
