@@ -2,18 +2,14 @@
 
     run_app(EngineConfig.build(target=dict(path="qwen2.5-coder-1.5b"), ...))
 
-The conversation itself (the chat, the engine, the reply, the settings, the
-workers that load, pull and generate) is a Session (tui/session.py); the app is
-its face: the widgets, the screens and dialogs, the keys, and the handlers of
-what the workers post. Threads: the engine is built and replies are generated
-on one engine thread (tui/cores.py: run_app starts it before lowering the UI
-thread's priority, so llama.cpp keeps the cores), which the app's worker threads
-wait on; models are pulled in a worker thread. They only post messages
-(tui/messages.py) or fill an Outbox (tui/stream.py). Every widget is touched
-from the UI thread alone.
-
-A streaming reply is drawn in frames, at most one per frame interval, each
-drawing only what changed (tui/frames.py).
+The conversation itself (the chat, the engine, the reply, the settings, the workers that load,
+pull and generate) is a Session (tui/session.py); the app is its face: the widgets, the screens
+and dialogs, the keys, and the handlers of what the workers post. Threads: the engine is built
+and replies are generated on one engine thread (tui/cores.py: run_app starts it before lowering
+the UI thread's priority, so llama.cpp keeps the cores), which the app's worker threads wait on;
+models are pulled in a worker thread. They only post messages (tui/messages.py) or fill an Outbox
+(tui/stream.py). Every widget is touched from the UI thread alone. A streaming reply is drawn in
+frames, at most one per frame interval, each drawing only what changed (tui/frames.py).
 """
 
 from __future__ import annotations
@@ -41,7 +37,7 @@ from .dialogs import ModelsScreen, SettingsScreen, SystemPromptScreen
 from .frames import Frames, draw_intervals  # draw_intervals: re-exported (tests/real/test_tui_speed_real.py)
 from .keys import KEYS, help_rows
 from .logs import logs_to_file
-from .loader import EngineFactory, calibrating_engine_factory, default_engine_factory, missing_models, model_label
+from .loader import EngineFactory, calibrating_engine_factory, default_engine_factory, model_label
 from .messages import EngineFailed, EngineLoaded, LogNotice, NoticeHandler, PullFinished, PullProgress, StreamWake
 from .screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from .session import Session
@@ -237,16 +233,13 @@ class SSDEdgeApp(App[int]):
 
     def on_pull_finished(self, msg: PullFinished) -> None:
         self.column.hide_progress()
-        session = self.session
-        missing = missing_models(session.config, session.models_dir)
-        if msg.error or missing:
-            session.failed()
-            error = msg.error or "the pull ended but models are still missing"
-            self.column.set_status(error, error=True)
-            self.push_screen(MissingModelsScreen(missing, error, session.fallback is not None),
-                             partial(self._missing_choice, missing))
-        else:
-            self.start_load(session.config)
+        error, missing = self.session.pull_ended(msg.error)
+        if error is None:
+            self.start_load(self.session.config)
+            return
+        self.column.set_status(error, error=True)
+        self.push_screen(MissingModelsScreen(missing, error, self.session.fallback is not None),
+                         partial(self._missing_choice, missing))
 
     def switch_models(self, target: str, draft: str | None) -> None:
         """Rebuild the engine on other models (the chat stays)."""

@@ -30,7 +30,7 @@ from ssd_edge.errors import ConfigError
 from .chats import Chat, ChatStore, Message
 from .cores import EngineThread
 from .live import LiveModel, finish_note
-from .loader import EngineFactory, Post, default_engine_factory, load_engine, pull_models
+from .loader import EngineFactory, Post, default_engine_factory, load_engine, missing_models, pull_models
 from .messages import StreamWake
 from .stream import Chunk, Failure, Outbox, run_generation
 
@@ -203,6 +203,15 @@ class Session:
         self.phase = "pulling"
         self._start("pull", partial(pull_models, models, self.models_dir, self.pull, self.pull_cancel, self._post),
                     group="pull")
+
+    def pull_ended(self, error: str | None) -> tuple[str | None, list]:
+        """After a pull (`error`: why it failed): (None, []) when the config's models are all there now,
+        else the line to show and the models still missing, the session failed."""
+        missing = missing_models(self.config, self.models_dir)
+        if error or missing:
+            self.failed()
+            return error or "the pull ended but models are still missing", missing
+        return None, []
 
     def models_config(self, target: str, draft: str | None) -> EngineConfig:
         """The config on other models: the same settings, and mode lookup where sd or ssd lose their draft."""
