@@ -19,3 +19,12 @@ KEYS = [
             tooltip="save an SVG screenshot in the current folder (or $SSD_EDGE_SCREENSHOTS)"),
     Binding("ctrl+q", "quit", "Quit", tooltip="stop the reply, save, close the models, leave"),
 ]
+
+# Keys that are not the app's bindings (the prompt's, the palette's, the dialogs'): F1 lists them first.
+EXTRA_KEYS = [("enter", "send the prompt"), ("up / down", "earlier / later prompts"),
+              ("ctrl+p", "command palette (modes, dialogs, everything below)"), ("esc (in a dialog)", "close it")]
+
+
+def help_rows() -> list[tuple[str, str]]:
+    """(key, what it does) for the help screen (F1): EXTRA_KEYS, then every binding's tooltip."""
+    return EXTRA_KEYS + [(b.key.replace("escape", "esc"), b.tooltip or b.description) for b in KEYS]

@@ -29,6 +29,7 @@ from ssd_edge.events import FinishEvent, Stats
 
 from .app import SSDEdgeApp
 from .chats import ChatStore
+from .frames import Frames
 from .widgets.chat import MessageView, PromptInput
 from .widgets.panel import Gauge, LivePanel, RateSparkline
 
@@ -47,7 +48,7 @@ def _targets() -> list[tuple[str, Any, str]]:
         ("panel update", LivePanel, "show_settings"),
         ("save chat", SSDEdgeApp, "save_chat"),
         ("event hand-off", SSDEdgeApp, "on_stream_wake"),
-        ("frame", SSDEdgeApp, "frame"),
+        ("frame", Frames, "frame"),
         ("layout", Screen, "_refresh_layout"),
         ("compositor", Compositor, "render_update"),
         ("compositor", Compositor, "update_widgets"),
@@ -128,7 +129,7 @@ async def tui_run(engine: Any, config: Any, prompt: str, max_tokens: int, size: 
     Returns the engine's Stats, the UI thread's CPU seconds while the reply streamed, and the frames drawn."""
     app = SSDEdgeApp(config, engine_factory=lambda cfg, models_dir: engine, max_tokens=max_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        app.store = ChatStore(chats_dir or tmp)
+        app.session.store = ChatStore(chats_dir or tmp)
         async with app.run_test(size=size) as pilot:
             await _until(pilot, lambda: app.phase in ("ready", "failed"), timeout)
             if app.phase != "ready":

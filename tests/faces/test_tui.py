@@ -51,14 +51,14 @@ async def test_escape_stops_generation_and_keeps_what_was_shown(chats):
     app = make_app(factory(gate=gate))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "go", finish=False)
-        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        await wait_for(pilot, lambda: app.session.reply is not None and app.session.reply.content)
         assert app.phase == "generating"
         assert not app.query_one(PromptInput).cursor_blink  # no repaint of its own while the model works
         await pilot.press("escape")
         await wait_for(pilot, lambda: app.phase == "ready")
         assert app.query_one(PromptInput).cursor_blink
-        shown = app.reply.content
-        assert 0 < len(shown) < len(REPLY) and app.reply.note.startswith("stopped")
+        shown = app.session.reply.content
+        assert 0 < len(shown) < len(REPLY) and app.session.reply.note.startswith("stopped")
     saved = json.loads(next(chats.glob("*.json")).read_text())
     assert saved["messages"][1]["content"] == shown
 
@@ -76,19 +76,19 @@ async def test_esc_and_ctrl_q_stop_the_reply_from_the_input_thread(chats):
     app = make_app(factory(gate=gate))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "go", finish=False)
-        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        await wait_for(pilot, lambda: app.session.reply is not None and app.session.reply.content)
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
         from_the_input_thread("escape")
-        assert not app.cancel.is_set()                 # Esc belongs to the dialog: the reply goes on
+        assert not app.session.cancel.is_set()                 # Esc belongs to the dialog: the reply goes on
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
         from_the_input_thread("escape")
-        assert app.cancel.is_set()                     # stopped before the UI thread saw the key
+        assert app.session.cancel.is_set()                     # stopped before the UI thread saw the key
         await wait_for(pilot, lambda: app.phase == "ready")
-        assert app.reply.note.startswith("stopped")
+        assert app.session.reply.note.startswith("stopped")
         from_the_input_thread("ctrl+q")                # nothing runs: quitting sets both stops anyway
-        assert app.cancel.is_set() and app.pull_cancel.is_set()
+        assert app.session.cancel.is_set() and app.session.pull_cancel.is_set()
 
 
 async def test_gauges_follow_the_events():
@@ -204,8 +204,8 @@ async def test_engine_error_is_shown_not_raised(fail_after):
     app = make_app(factory(fail=DecodeError("llama_decode returned -1"), fail_after=fail_after))
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "hi")
-        assert app.reply.note == "error: llama_decode returned -1"
-        assert bool(app.reply.content) == (fail_after is not None)  # text shown before the error stays
+        assert app.session.reply.note == "error: llama_decode returned -1"
+        assert bool(app.session.reply.content) == (fail_after is not None)  # text shown before the error stays
         assert app.is_running and app.phase == "ready"
 
 
@@ -269,9 +269,9 @@ async def test_quit_during_generation_cancels_and_joins(chats):
     app = make_app(make)
     async with app.run_test(size=SIZE) as pilot:
         await send(pilot, app, "long answer", finish=False)
-        await wait_for(pilot, lambda: app.reply is not None and app.reply.content)
+        await wait_for(pilot, lambda: app.session.reply is not None and app.session.reply.content)
         await pilot.press("ctrl+q")
-    assert app.cancel.is_set() and not app.jobs["generate"].is_running
+    assert app.session.cancel.is_set() and not app.session.jobs["generate"].is_running
     assert make.engine.closed
     saved = json.loads(next(chats.glob("*.json")).read_text())
     assert saved["messages"][1]["content"] and saved["messages"][1]["note"].startswith("stopped")

@@ -1,5 +1,5 @@
 """TUI building blocks without a running app: the chat store, the outbox,
-the provenance segmenter, the panel's figures. Offline and fast."""
+the provenance segmenter, the panel's figures, the session. Offline and fast."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.events import FinishEvent, LiveStats, Round, TokenEvent
 from ssd_edge.metrics import Meter
 from tui.chats import Chat, ChatStore, Message
+from tui.cores import EngineThread
 from tui.live import LiveModel, finish_note
+from tui.messages import StreamWake
+from tui.session import Session
 from tui.stream import Chunk, Failure, Outbox, Segmenter, run_generation
-from scripted import REPLY, ScriptedEngine, ScriptedModel
+from scripted import REPLY, ScriptedEngine, ScriptedModel, default_config
 
 
 def _round(i: int, prespec: str | None, wall_ms: float) -> Round:
@@ -166,3 +169,59 @@ def test_logs_go_to_a_file_while_the_app_runs(tmp_path, monkeypatch):
         assert path == tmp_path / "logs" / "tui.log" and "no GPU backend" in path.read_text()
     finally:
         logger.removeHandler(cli_like)
+
+
+def _session(tmp_path, engine_thread):
+    """A Session with no app around it: a worker's body runs at once, on this thread, and what the
+    workers post is kept in a list."""
+    posted = []
+    session = Session(default_config(), run_worker=lambda body, **kw: body(), post=posted.append,
+                      engine_thread=engine_thread, clock=lambda: 1_700_000_000.0, pull=None)
+    session.store = ChatStore(tmp_path / "chats")
+    return session, posted
+
+
+def test_session_writes_a_reply_and_queues_settings_until_it_ends(tmp_path):
+    engine_thread = EngineThread()
+    try:
+        session, posted = _session(tmp_path, engine_thread)
+        assert session.configure({"mode": "sd"}) == "no model is loaded yet"
+        session.loaded(ScriptedEngine(default_config()))
+        assert session.phase == "ready" and session.take_stream() is None  # nothing asked yet
+
+        asked, reply = session.ask("explain SSD")
+        assert session.phase == "generating" and session.chat.messages == [asked, reply]
+        assert session.chat.title == "explain SSD" and session.engine.requests == [
+            [{"role": "user", "content": "explain SSD"}]]
+        assert [type(m) for m in posted] == [StreamWake]  # the whole reply came before the one drain
+        assert session.configure({"mode": "sd", "max_tokens": 7}) is None  # queued: the reply is not drawn yet
+        assert session.engine.configured == [] and session.max_tokens == 512
+
+        streamed = session.take_stream()
+        assert streamed.grew and streamed.ended and streamed.failure is None
+        assert reply.content == REPLY and reply.note.startswith(f"{len(REPLY.split(' '))} tokens")
+        assert session.live.final is not None and not session.live.generating
+        assert session.end_reply() == {"mode": "sd", "max_tokens": 7} and session.phase == "ready"
+        assert session.configure({"mode": "sd", "max_tokens": 7}) is None
+        assert session.config.mode == "sd" and session.max_tokens == 7
+        assert session.configure({"max_tokens": 0}) == "max tokens must be at least 1"
+
+        session.save()
+        assert session.store.load(session.chat.id).messages[1].content == REPLY
+        assert session.delete_chat(session.chat.id) and session.chat.messages == []  # a fresh one
+    finally:
+        engine_thread.close()
+
+
+def test_session_switch_without_a_draft_keeps_the_old_config_to_fall_back_to(tmp_path):
+    engine_thread = EngineThread()
+    try:
+        session, _ = _session(tmp_path, engine_thread)
+        engine = ScriptedEngine(default_config())
+        session.loaded(engine)
+        config = session.models_config("other.gguf", None)
+        assert (config.target.path, config.draft, config.mode) == ("other.gguf", None, "lookup")  # ssd needs a draft
+        assert session.release_engine() is engine and session.engine is None
+        assert session.take_fallback().mode == "ssd" and session.take_fallback() is None
+    finally:
+        engine_thread.close()

@@ -1,4 +1,5 @@
-"""The chat column: the conversation (one widget per message) and the prompt input.
+"""The chat column: the conversation (one widget per message) and the prompt input, with the
+chat's title and the status line and progress bar between them (ChatColumn).
 
 A message widget renders its `chats.Message` on demand; the app calls
 `refresh_message()` at most once per frame while text streams in, and the
@@ -13,12 +14,13 @@ from rich.segment import Segment
 from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.visual import Visual, visualize
 from textual.widget import Widget
-from textual.widgets import Input, Static
+from textual.widgets import Input, ProgressBar, Static
 
 from ..chats import Chat, Message
 
@@ -256,3 +258,63 @@ class PromptInput(Input):
         else:
             self.value = self.history[self._pos]
         self.cursor_position = len(self.value)
+
+
+class ChatColumn(Vertical):
+    """The column left of the live panel: the chat's title, the provenance legend, the conversation,
+    a status line, the load/pull progress bar and the prompt."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="chat-title")
+        yield ProvenanceLegend("", id="legend")
+        yield ChatView(id="chat")
+        yield Static("", id="status")
+        yield ProgressBar(total=None, show_eta=False, id="progress")
+        yield PromptInput(placeholder="Ask something…  Enter sends · ↑↓ earlier prompts", id="prompt")
+
+    def show_chat(self, chat: Chat) -> None:
+        """A whole chat: its messages, its title, and its prompts as the prompt's history."""
+        self.query_one(ChatView).show_chat(chat)
+        self.show_title(chat)
+        prompt = self.query_one(PromptInput)
+        for m in chat.messages:
+            if m.role == "user":
+                prompt.remember(m.content)
+
+    def add_exchange(self, asked: Message, reply: Message) -> MessageView:
+        """A prompt and the start of its reply, below the conversation; returns the reply's view."""
+        chat_view = self.query_one(ChatView)
+        chat_view.add_message(asked)
+        return chat_view.add_message(reply)
+
+    def show_title(self, chat: Chat) -> None:
+        title = chat.title or "New chat"
+        if chat.system:
+            title += f"  ·  system: {chat.system.splitlines()[0][:60]}"
+        self.query_one("#chat-title", Static).update(title)
+
+    def set_status(self, text: str, error: bool = False) -> None:
+        status = self.query_one("#status", Static)
+        status.update(text)
+        status.set_class(error, "error")
+
+    def show_progress(self, **update: int | None) -> None:
+        """Show the load/pull bar, updated with ProgressBar.update's arguments (total None: no end known)."""
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(**update)
+        bar.display = True
+
+    def hide_progress(self) -> None:
+        """Hide the load/pull bar, and stop it: an indeterminate ProgressBar keeps its animation timer
+        (15 refreshes a second) even hidden. (Measured with tui_speed.py pilot: no change to the
+        compositor's calls while a reply streams; it is stopped because nothing is left to animate.)"""
+        bar = self.query_one("#progress", ProgressBar)
+        bar.update(total=1, progress=1)
+        bar.display = False
+
+    def toggle_provenance(self) -> None:
+        """Colour each piece of the replies by its provenance, or stop; the legend shows while it is on."""
+        chat_view = self.query_one(ChatView)
+        on = not chat_view.show_provenance
+        chat_view.set_provenance(on)
+        self.query_one("#legend").set_class(on, "-on")

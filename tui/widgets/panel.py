@@ -29,6 +29,7 @@ STATE_COLOURS = {"ssd": "green3", "sd": "dodger_blue1", "lookup": "cyan", "ar": 
                  "backup": "yellow3", "rolled-back": "dark_orange", "sla-cut": "red3"}
 LABEL_WIDTH = 13
 TEXT_WIDTH = 13
+NARROW_BELOW = 120    # terminal columns below which the live panel is narrow (app.tcss: #panel.-narrow)
 
 
 class Gauge(Widget):
@@ -128,6 +129,12 @@ def set_text(static: Static, text: Text) -> None:
 
 class LivePanel(VerticalScroll):
     """Drawn once per frame while a reply streams: each line and gauge is redrawn only when its value changed."""
+
+    def fit(self, width: int) -> None:
+        """A terminal narrower than NARROW_BELOW columns gets the narrow panel: at 80 columns the full
+        one left the chat 26 columns, where code wraps into twice the rows (and a streaming reply lays
+        the screen out twice as often)."""
+        self.set_class(width < NARROW_BELOW, "-narrow")
 
     def compose(self) -> ComposeResult:
         # the live lines first, the models (a long regime and memory text) last: on a 24-row terminal
