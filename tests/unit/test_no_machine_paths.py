@@ -73,8 +73,9 @@ def machine_paths(repo: Path, hostname: str) -> list[str]:
             for what, pattern in checks:
                 m = pattern.search(line)
                 if m:
-                    token = line[m.start():].split()[0][:80]  # the path or name as written, to its next space
-                    found.append(f"{name}:{number}: {what}: {token}")
+                    # a path as written, to its next space; a host name with what marks it as one
+                    shown = m.group(0) if any(c.isspace() for c in m.group(0)) else line[m.start():].split()[0]
+                    found.append(f"{name}:{number}: {what}: {shown[:80]}")
     return found
 
 
