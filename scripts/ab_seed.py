@@ -1,7 +1,7 @@
 """An A/B of two versions of ssd-edge on real models: speed side by side, and the same tokens seed for seed.
 
     .venv/bin/python scripts/ab_seed.py --base 466468b -m qwen2.5-coder-1.5b --modes ar,sd,auto --temps 0,1 \\
-        -n 96 --reps 2 -o /tmp/ab.jsonl
+        -n 96 --reps 2 -o ab.jsonl
 
 The base revision is checked out into a git worktree, its own ssd_edge/native.c compiled there, and run
 from there (PYTHONPATH), this checkout as it is beside it: one process per version and pass, loading

@@ -4,7 +4,7 @@ own tools at the same settings (issue 23). Each row is one process under /usr/bi
 gives the command that made it.
 
     .venv/bin/python scripts/memory_table.py -o docs/memory              # the default pair
-    .venv/bin/python scripts/memory_table.py --ctx 4096 --kv f16 --modes ar auto -o /tmp/mem
+    .venv/bin/python scripts/memory_table.py --ctx 4096 --kv f16 --modes ar auto -o mem
 
 Rows: `ssd-edge generate --chat` in each --modes (a quantized KV cache with flash attention on,
 for the target and the draft alike), llama.cpp's `llama-speculative-simple` (the same pair, the same

@@ -1,9 +1,12 @@
-"""README features that no other test exercised, each with a test that fails when the feature is
+"""Documented features that no other test exercised, each with a test that fails when the feature is
 removed: the server's max_completion_tokens, per-request top_k and min_p, --max-body (the flag),
-the ssd_edge_generation_seconds_total metric; --rpc reaching chat and serve; models
-derive-draft --type. On the fake backend (tests/fakes.py) and the CLI's own entry point."""
+the ssd_edge_generation_seconds_total metric (docs/server.md); --rpc reaching chat, serve and the
+TUI (docs/rpc.md); models derive-draft --type (docs/models.md). On the fake backend (tests/fakes.py)
+and the CLI's own entry point; the first test checks that the pages still document them."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
@@ -16,6 +19,22 @@ from test_serve import client, fake_engine, metric  # noqa: F401  (client: test_
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "count"}]
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+# The page that documents each feature tested below, and the words it documents it by.
+DOCUMENTED = {
+    "server.md": ["`max_completion_tokens`", "`top_k`", "`min_p`", "`--max-body`",
+                  "`ssd_edge_generation_seconds_total`"],
+    "rpc.md": ["works in `generate`, `chat`, `tui`, `serve` and `bench`"],
+    "models.md": ["`ssd-edge models derive-draft`", "`--type q4_1|q8_0`"],
+}
+
+
+@pytest.mark.parametrize("page", sorted(DOCUMENTED))
+def test_the_pages_document_the_features_tested_here(page):
+    text = " ".join((DOCS / page).read_text().split())  # a phrase may wrap across lines
+    missing = [words for words in DOCUMENTED[page] if words not in text]
+    assert not missing, f"docs/{page} no longer documents {missing}: move the test with the text"
 
 
 def test_max_completion_tokens_caps_the_answer_and_wins_over_max_tokens(client):

