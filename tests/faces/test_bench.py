@@ -322,10 +322,10 @@ def test_ctrl_c_keeps_the_runs_so_far_and_exits_130(tmp_path, monkeypatch, pair)
 
 def test_portable_paths_fold_this_machines_paths_and_leave_other_slashes():
     shown = bench_machine.PortablePaths(Path("/h/.cache/ssd-edge/models"), home=Path("/h"))
-    assert [shown.path(p) for p in ("/h/.cache/ssd-edge/models/qwen/t.gguf", "/h/m/d.gguf", "/work/x/out",
+    assert [shown.path(p) for p in ("/h/.cache/ssd-edge/models/qwen/t.gguf", "/h/m/d.gguf", "/srv/x/out",
                                     "qwen/t.gguf", "qwen-1.5b")] == ["qwen/t.gguf", "~/m/d.gguf", "out",
                                                                      "qwen/t.gguf", "qwen-1.5b"]
-    assert shown.text("-o=/work/out: failed to open '/h/m/d.gguf' (-f /tmp/p/prompt.txt)") == \
+    assert shown.text("-o=/srv/out: failed to open '/h/m/d.gguf' (-f /var/p/prompt.txt)") == \
         "-o=out: failed to open '~/m/d.gguf' (-f prompt.txt)"
     kept = "12.5 tokens/s, 1/2, </s>, http://host/x, ~/m/d.gguf, a / b"
     assert shown.text(kept) == kept
