@@ -7,8 +7,9 @@ The base revision is checked out into a git worktree, its own ssd_edge/native.c 
 from there (PYTHONPATH), this checkout as it is beside it: one process per version and pass, loading
 the pair once and running every mode and temperature on the same chat prompts and seed, the two
 versions in turn (the order swapped every other pass, so a warm or a loaded machine favours neither). Prints a markdown table of decode tokens/s
-(medians), the new version's host time per decoded position (Stats.host_ms_per_position, where the
-version has it) and how many answers are the same token for token. Each generation is a JSON line in -o.
+(medians), each version's host time per decoded position (Stats.host_ms_per_position, where the
+version has it) and how many answers are the same token for token. --priced TABLE runs the priced pair
+(an H200's prices waited on this CPU) instead of model files. Each generation is a JSON line in -o.
 """
 
 from __future__ import annotations
@@ -51,8 +52,14 @@ def run_version(args: argparse.Namespace, tag: str) -> None:
     from ssd_edge.config import EngineConfig
     from ssd_edge.engine import Engine
 
-    cfg = EngineConfig.build(target=dict(path=args.model), draft=dict(path=args.model_draft), mode="auto")
-    engine = Engine(cfg)
+    cfg = EngineConfig.build(target=dict(path=args.model), draft=dict(path=args.model_draft), mode="auto",
+                             **({"spec": {"k": args.k}} if args.k else {}))
+    if args.priced:  # the priced pair of that table instead of model files (either version's ssd_edge.priced)
+        from ssd_edge import priced
+
+        engine = priced.engine(cfg, args.priced)
+    else:
+        engine = Engine(cfg)
     engine.complete(messages=PROMPTS[0], max_tokens=4)  # warm-up
     for temp in (float(t) for t in args.temps.split(",")):
         sampling = cfg.sampling.model_copy(update=dict(temperature=temp, seed=args.seed))
@@ -70,16 +77,20 @@ def report(rows: list[dict]) -> str:
     for r in rows:
         key = (r["mode"], r["temp"])
         speed[key + (r["tag"],)].append(r["tok_s"])
-        if r["tag"] == "new" and r["host"] is not None:
-            host[key].append(r["host"])
+        if r["host"] is not None:
+            host[key + (r["tag"],)].append(r["host"])
         answers[key + (r["prompt"],)].setdefault(r["tag"], r["tokens"])
-    lines = ["| mode | T | base tok/s | new tok/s | new/base | new host ms/pos |", "|---|--:|--:|--:|--:|--:|"]
+    lines = ["| mode | T | base tok/s | new tok/s | new/base | base host ms/pos | new host ms/pos | new/base |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for mode, temp in sorted({(m, t) for m, t, _ in speed}):
         base, new = speed.get((mode, temp, "base"), []), speed.get((mode, temp, "new"), [])
         if base and new:
             b, n = statistics.median(base), statistics.median(new)
-            h = f"{statistics.median(host[(mode, temp)]):.3f}" if host[(mode, temp)] else "–"
-            lines.append(f"| {mode} | {temp:g} | {b:.2f} | {n:.2f} | {n / b:.3f} | {h} |")
+            hb, hn = host.get((mode, temp, "base")), host.get((mode, temp, "new"))
+            hosts = "| – | – | –" if not (hb and hn) else \
+                f"| {statistics.median(hb):.3f} | {statistics.median(hn):.3f} | " \
+                f"{statistics.median(hn) / statistics.median(hb):.3f}"
+            lines.append(f"| {mode} | {temp:g} | {b:.2f} | {n:.2f} | {n / b:.3f} {hosts} |")
     pairs = [v for v in answers.values() if "base" in v and "new" in v]
     lines.append(f"\nthe same tokens, base and new (first pass of each answer): {sum(v['base'] == v['new'] for v in pairs)} "
                  f"of {len(pairs)}")
@@ -96,6 +107,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=96)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("-k", type=int, default=None, help="--draft-max (default: each mode's own)")
+    ap.add_argument("--priced", default=None, metavar="TABLE",
+                    help="run the priced pair of this price table (h200-1.5b, h200-7b) instead of the model files")
     ap.add_argument("-o", "--output", default=None, help="the generations as JSON lines")
     ap.add_argument("--run", choices=("base", "new"), help=argparse.SUPPRESS)  # a child: one version
     args = ap.parse_args()

@@ -184,3 +184,50 @@ def test_kvseq_steps_draws_a_row_the_loop_left_and_holds_what_was_decoded(temper
     assert drawn == [drawer(row, 4 + i) for i, row in enumerate(r[:n])]  # positions 4, 5, ...
     assert kv.tokens == [4, 4, 4, 9, *drawn[:-1]]
     assert kv.steps([4, 4, 9], 2, 10.0, drawer) is None  # not all but the last token cached: the caller's rounds
+
+
+HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64)
+
+
+class BanTop:
+    """A row hook (coupling.RowHook) that bans each row's likeliest token, as a grammar's mask would a token
+    it forbids, and notes the positions it saw; in Python, and in C through a ctypes callback."""
+
+    def __init__(self) -> None:
+        self.positions: list[int] = []
+        self._c = HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
+        self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None)
+
+    def __call__(self, row: np.ndarray, position: int) -> None:
+        self.positions.append(position)
+        row[int(np.argmax(row))] = -np.inf
+
+    def _row(self, _user, row, n_vocab, position) -> None:
+        self(np.ctypeslib.as_array(row, shape=(n_vocab,)), position)
+
+
+@pytest.mark.parametrize("draws", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_row_hook_changes_each_row_before_its_draw_in_c_as_in_python(draws):
+    """The hook runs on each row before top-k and the draw, with the drawn token's position, in native.steps's
+    loop (steps_call.row_hook) as in the Python draw (Drawer): the same tokens either way, none of them a
+    banned one, and not the tokens drawn without it."""
+    s = SamplingConfig(temperature=draws[3], top_k=draws[0] or 40, top_p=draws[1] or 1.0, min_p=draws[2], seed=draws[4])
+    in_c = BanTop()
+    drawer = Drawer(s, draws[4], hook=in_c)
+    assert drawer.native == (*draws, *in_c.native)
+    lib = Library(rows(5, seed=3))
+    drawn, rc, _, decoded, undecided = lib.steps(token=2, pos=10, seq=0, most=5, draws=drawer.native)
+    assert (rc, decoded, undecided) == (0, 5, 0) and in_c.positions == [11, 12, 13, 14, 15]
+    in_python = Drawer(s, draws[4], hook=BanTop())
+    fresh = rows(5, seed=3)
+    assert drawn == [in_python(row, 11 + i) for i, row in enumerate(fresh)]
+    assert all(t != int(np.argmax(row)) for t, row in zip(drawn, rows(5, seed=3)))
+    plain = Library(rows(5, seed=3)).steps(token=2, pos=10, seq=0, most=5, draws=draws)[0]
+    assert drawn != plain
+
+
+def test_a_hook_with_no_c_form_leaves_plain_steps_to_python():
+    hook = BanTop()
+    hook.native = None
+    assert Drawer(SamplingConfig(temperature=0.0), 1, hook=hook).native is None
+    assert Drawer(SamplingConfig(temperature=0.0), 1).native == GREEDY  # no hook: the C loop's draws as before
