@@ -61,10 +61,12 @@ def run_version(args: argparse.Namespace, tag: str) -> None:
     else:
         engine = Engine(cfg)
     engine.complete(messages=PROMPTS[0], max_tokens=4)  # warm-up
+    prompts = PROMPTS if not args.prompts else \
+        [json.loads(line)["messages"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     for temp in (float(t) for t in args.temps.split(",")):
         sampling = cfg.sampling.model_copy(update=dict(temperature=temp, seed=args.seed))
         for mode in args.modes.split(","):
-            for i, messages in enumerate(PROMPTS):
+            for i, messages in enumerate(prompts):
                 engine.reset()
                 c = engine.complete(messages=messages, max_tokens=args.n, sampling=sampling, mode=mode)
                 print(json.dumps(dict(tag=tag, mode=mode, temp=temp, prompt=i, tok_s=c.stats.tokens_per_s,
@@ -110,6 +112,9 @@ def main() -> int:
     ap.add_argument("-k", type=int, default=None, help="--draft-max (default: each mode's own)")
     ap.add_argument("--priced", default=None, metavar="TABLE",
                     help="run the priced pair of this price table (h200-1.5b, h200-7b) instead of the model files")
+    ap.add_argument("--prompts", default=None, metavar="FILE.jsonl",
+                    help="the bench's prompts (a JSON object with messages a line, as docs/bench-regimes.jsonl) "
+                         "instead of the two built in")
     ap.add_argument("-o", "--output", default=None, help="the generations as JSON lines")
     ap.add_argument("--run", choices=("base", "new"), help=argparse.SUPPRESS)  # a child: one version
     args = ap.parse_args()
@@ -125,7 +130,9 @@ def main() -> int:
             for rep in range(args.reps):
                 for tag in (("base", "new") if rep % 2 == 0 else ("new", "base")):
                     env = {"PYTHONPATH": str(base)} if tag == "base" else {}
-                    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--run", tag],
+                    prompts = ["--prompts", str(Path(args.prompts).resolve())] if args.prompts else []  # (run from tmp)
+                    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], *prompts,
+                                          "--run", tag],
                                          env={**os.environ, **env}, cwd=tmp, capture_output=True,
                                          text=True, check=True)
                     rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]

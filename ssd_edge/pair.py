@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeVar
 
 from .config import EngineConfig
 from .errors import ConfigError
@@ -29,6 +29,7 @@ from .models.catalog import resolve_model
 from .planning import rounds as planned
 
 log = logging.getLogger(__name__)
+P = TypeVar("P", bound="Pair")  # a Pair or the Engine that extends it
 
 
 def _load_target(config: EngineConfig, models_dir: str | None, draft_path: Path | None, base: int
@@ -132,8 +133,8 @@ class Pair:
         self._draft_path = draft_path if config.draft is not None else None
 
     @classmethod
-    def from_parts(cls, config: EngineConfig, target: Any, target_ctx: Any, draft: Any = None,
-                   draft_ctx: Any = None) -> Any:
+    def from_parts(cls: type[P], config: EngineConfig, target: Any, target_ctx: Any, draft: Any = None,
+                   draft_ctx: Any = None) -> P:
         """A pair over models and contexts built elsewhere (the tests' fake backend)."""
         self = cls.__new__(cls)
         self.rss_base, self.budget_plan = rss_bytes(), None
@@ -265,7 +266,7 @@ class Pair:
             if obj is not None:
                 obj.close()
 
-    def __enter__(self) -> Any:
+    def __enter__(self: P) -> P:
         return self
 
     def __exit__(self, *exc: object) -> None:
