@@ -15,6 +15,7 @@ Provenance = Literal["target", "draft", "prespec", "ngram"]
 #   draft  : drafted by the draft model just in time, accepted by the target
 #   prespec: drafted ahead of time by SSD pre-speculation (a cache hit), accepted
 #   ngram  : proposed by the n-gram lookup drafter, accepted
+# (a proposer of another kind names its drafts, and so its accepted tokens, by its own name: Proposer.kind)
 
 Speculator = Literal["none", "draft", "prespec", "ngram"]
 # the mode each speculator's rounds are: no draft is ar's plain step, a draft sd's, a pre-speculated

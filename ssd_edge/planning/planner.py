@@ -140,7 +140,8 @@ class Planner:
         (rate, kind, m, guess), rest = scored[0], scored[1:]
         unmargin = lambda r, k: r / (1.0 + PLAIN_MARGIN) if k == "plain" else r  # noqa: E731
         ru = next(((k2, m2, unmargin(r2, k2)) for r2, k2, m2, _ in rest if k2 != kind), None)
-        probe = next(((k2, o.probe) for k2, o in offers if o.probe), None) if kind == "plain" else None
+        probe = next(((k2, m2) for k2, o in offers if o.probe is not None and (m2 := o.probe())), None) \
+            if kind == "plain" else None
         if probe is not None:  # the proposer is measured again rather than inferred
             ru = (kind, m, unmargin(rate, kind))
             kind, m = probe

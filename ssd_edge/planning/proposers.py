@@ -179,10 +179,10 @@ class DraftProposer:
         kv = self.drafter.kv if not hit else None
         self.unread = max(0, len(ask.history) - common_prefix(kv.tokens, ask.history) - 1) if kv is not None else 0
         self.room, self.remaining = ask.room, ask.remaining
-        return Offer(self.cap, self._price, self._probe() if self.planned else 0)
+        return Offer(self.cap, self._price, self._probe if self.planned else None)
 
     def _probe(self) -> int:
-        """The length of a probe of the draft, should a plain step win (0: none; planner.py's docstring)."""
+        """The length of a probe of the draft, asked where a plain step wins (0: none; planner.py's docstring)."""
         if self.acceptance.rounds_since_draft < self.explore_wait or \
                 upside(self.costs, self.cap, self.k_min) < EXPLORE_UPSIDE:
             return 0
@@ -306,9 +306,10 @@ class PreparedProposer:
         """The target starts verifying `draft`: the worker prepares the next round beside it where the
         SSD policy lets it and it is expected to pay. (First: was this round's lookup used? A branch
         found but not worth verifying saved nothing.)"""
-        if self.status is not None:
+        if self.status is not None:  # (counted once: a round with no room to draft looks nothing up)
             self.hits.add(1.0 if decision.kind == self.kind else 0.0)
             self.rounds_resting = 0
+            self.status = None
         self.busy = self.policy.prespec_enabled and self.runs(len(draft) + 1)
         if self.busy:
             depth = self.branch_depth()

@@ -52,12 +52,12 @@ class Bid(NamedTuple):
 class Offer:
     """What a proposer can give this round: at most `most` tokens. price(lengths) gives a Bid for
     each length, asked only where a planned mode ranks the offer (a fixed mode takes its proposer at
-    full length). probe: where a plain step would win, the length worth verifying anyway to measure
-    this proposer again (0: none)."""
+    full length). probe(), asked only where a plain step wins: the length worth verifying anyway to
+    measure this proposer again (0: none)."""
 
     most: int
     price: Callable[[range], Sequence[Bid]]
-    probe: int = 0
+    probe: Callable[[], int] | None = None
     finished: bool = False  # a prepared draft that holds all it will hold (nothing to make)
 
 

@@ -2,11 +2,8 @@
 (tests/fakes.py), without an edit to the engine: rounds.build is wrapped to add it to mode auto's
 proposers. The planner chooses it where it pays, the engine verifies its drafts as any other's, and
 the answer is exactly mode ar's, greedy and seed for seed when sampling, with some of its tokens
-rejected.
-
-Its drafts go by an existing speculator's name ("ngram"): engine.PROVENANCE maps a draft's
-speculator (events.Speculator: none, draft, prespec, ngram) to its tokens' provenance, so a draft
-named after a new kind would fail there."""
+rejected. Its drafts go by its own name ("echo"): their accepted tokens' provenance and Stats.speculators
+say so."""
 
 from __future__ import annotations
 
@@ -57,7 +54,7 @@ class Echo:
         return [Bid(m, g[m], 0.0) for m in lengths]
 
     def propose(self, history: list[int], decision: Decision) -> Draft:
-        return Draft(self._copy(history)[:decision.m], "ngram")
+        return Draft(self._copy(history)[:decision.m], self.kind)
 
     def observe(self, verified: Verified) -> None:
         if verified.decision.kind == self.kind:
@@ -118,3 +115,5 @@ def test_a_proposer_of_its_own_is_verified_and_the_answer_stays_ars(monkeypatch,
     assert served == echo.rounds and len(served) == decisions["echo"]  # each one verified, and observed
     assert any(a < d for d, a in served) and any(a == d > 0 for d, a in served)  # rejected and accepted tokens
     assert fin.stats.drafted >= sum(d for d, _ in served)
+    assert fin.stats.speculators["echo"] == len(served)
+    assert sum(r.provenance.count("echo") for r in rounds) == sum(a for _, a in served)
