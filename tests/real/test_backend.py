@@ -176,7 +176,7 @@ def test_decode_errors(model):
 
 
 def test_text_stream_never_emits_a_replacement_character(model):
-    from ssd_edge.llama.backend import TextStream
+    from ssd_edge.generation import TextStream
 
     text = "héllo wörld 🦀 日本語 ünïcödé — “quotes” 🎉🎉"
     toks = model.tokenize(text, add_special=False)
