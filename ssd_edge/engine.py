@@ -190,7 +190,8 @@ class Engine(Pair):
         try:
             while gen.can_go_on():
                 t_round = time.perf_counter()
-                prop = rounds.propose(gen.history, min(gen.room - 1, gen.remaining - 1), gen.remaining)
+                remaining = gen.remaining
+                prop = rounds.propose(gen.history, min(gen.room, remaining) - 1, remaining)
                 done = self._plain_run(gen, prop, t_round) if prop.run_s else None
                 if done is None:  # a round verified the usual way (a plain run the target cannot make: no more)
                     rounds.runs = rounds.runs and not prop.run_s
@@ -219,7 +220,7 @@ class Engine(Pair):
         rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, gen.cancel.is_set)
         verify_s = time.perf_counter() - t_verify
         meter.target_busy_s += verify_s
-        if not draft.tokens and gen.prefilled and not rounds.busy:  # a plain step, alone
+        if not draft.tokens and len(history) > gen.n_prompt and not rounds.busy:  # a plain step, after the prompt, alone
             gen.step_ms.add(verify_s * 1e3)
         a, b = verify(draft.tokens, Draws(rows, gen.drawer, len(history)))
         meter.first_token()

@@ -113,25 +113,20 @@ class Generation:
         """Tokens the answer may still make."""
         return self.max_tokens - len(self.out)
 
-    @property
-    def prefilled(self) -> bool:
-        """Whether a round has committed after the prompt (the prompt's round has run)."""
-        return len(self.history) > self.n_prompt
-
     def can_go_on(self) -> bool:
         """Whether another round may run; if not, the reason is set (cancelled, or the context full)."""
         if self.reason is not None:
             return False
         if self.cancel.is_set():
             self.reason = "cancelled"
-        elif self.room < 1:
+        elif len(self.history) >= self.n_ctx:  # (room < 1)
             self.reason, self.message = "context", f"the context of {self.n_ctx} tokens is full"
         return self.reason is None
 
     def commit(self, tokens: Sequence[int]) -> list[int]:
         """A round's tokens enter the history; the answer keeps them up to an end of generation, a
         stop string or max_tokens, which end it. Returns the kept ones."""
-        new = self.take(tokens, self.remaining)
+        new = self.take(tokens, self.max_tokens - len(self.out))  # (remaining)
         self.history.extend(tokens)
         self.out.extend(new.tokens)
         self.reason = new.reason
