@@ -182,7 +182,7 @@ PLAIN_RUN_S = 0.1
 
 class Proposal(NamedTuple):
     draft: Draft
-    speculator: str          # none, draft, prespec, ngram
+    speculator: str          # who drafted it: none, draft, prespec, ngram, or a new proposer's own kind
     prespec: str | None      # SSD lookups: hit, partial, miss
     run_s: float = 0.0       # a plain run: nothing drafted, plain steps for about this long in one call
 

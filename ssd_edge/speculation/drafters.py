@@ -57,7 +57,7 @@ def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> 
 
 EMPTY = Draft((), "none")
 
-# A draft's length rule (planning/planner.py: Planner.go_on): called before draft token j is drawn,
+# A draft's length rule (planning/proposers.py: StopRule): called before draft token j is drawn,
 # with j and the draft's probability of its likeliest token there; returns (draw token j, then step on
 # to token j + 1).
 GoOn = Callable[[int, float], "tuple[bool, bool]"]
