@@ -2,7 +2,7 @@
 on the target's own greedy answers, by prompt category. The target answers each prompt once (greedy,
 --tokens tokens, its chat template); each draft then reads prompt and answer in one batch, and its
 argmax at each answer position is compared with the target's token there. The measurement behind
-the README's line on the pure Q4_0 draft (`ssd-edge models derive-draft`).
+docs/models.md's line on the pure Q4_0 draft (`ssd-edge models derive-draft`).
 
     .venv/bin/python scripts/draft_agreement.py
     .venv/bin/python scripts/draft_agreement.py --drafts qwen2.5-coder-0.5b qwen2.5-coder-0.5b:q4_0 \\

@@ -1,6 +1,6 @@
 """Decode speed of draft models at each thread count: best of --reps runs of --tokens one-token
 decodes after a short code prompt. By default the default draft and its derived Q4_0 variant at 1 and
-2 threads: the measurement behind the README line on `ssd-edge models derive-draft`.
+2 threads: the measurement behind docs/models.md's line on `ssd-edge models derive-draft`.
 
     .venv/bin/python scripts/draft_speed.py
     .venv/bin/python scripts/draft_speed.py --models qwen2.5-coder-0.5b --threads 1 2 4

@@ -1,5 +1,5 @@
 """A TCP forwarder that adds network latency, for measuring --rpc where `tc netem` is not available
-(README "RPC"): every chunk is passed on half the round-trip time after it arrived, in each
+(docs/rpc.md): every chunk is passed on half the round-trip time after it arrived, in each
 direction, in order. Latency only; bandwidth is loopback's.
 
     python scripts/latency_proxy.py --listen 127.0.0.1:50300 --to 127.0.0.1:50052 --rtt-ms 5

@@ -1,4 +1,4 @@
-"""Time the target's decode steps locally and over llama.cpp's RPC backend (README "RPC").
+"""Time the target's decode steps locally and over llama.cpp's RPC backend (docs/rpc.md).
 
     python scripts/rpc_step_cost.py -m MODEL -t 1                          # local, 1 thread
     python scripts/rpc_step_cost.py -m MODEL -t 1 --no-repack              # local, the server's weight layout

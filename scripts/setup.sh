@@ -22,7 +22,7 @@
 #   SSD_EDGE_NO_AMX_FIX  set to 1 to drop the AMX-off flags (e.g. on macOS/ARM).
 #   SSD_EDGE_NO_RPC      set to 1 to build without llama.cpp's RPC backend
 #                        (-DGGML_RPC=ON is on by default: it lets --rpc put the
-#                        target's layers on other machines, see README "RPC").
+#                        target's layers on other machines, see docs/rpc.md).
 #   SSD_EDGE_VENV        where to create the virtual environment (default .venv).
 #   SSD_EDGE_EXTRAS      pip extras to install (default "test").
 #   PYTHON               the interpreter to build the venv from (default python3).

@@ -5,7 +5,7 @@ tests/engine/test_mutations.py).
 The fake target (tests/fakes.py, lm_logits) gives each prefix a logit row over V = 32 tokens.
 The probability of a whole answer x1..xL after a prompt is the product of the target's
 probabilities of each token after the prompt and the tokens before it. Each row's probabilities
-are written out here from the definitions (README "Sampling"), not with ssd_edge.sampling:
+are written out here from the definitions (docs/design.md, "Lossless on every path"), not with ssd_edge.sampling:
 
     top-k: the k largest logits; top-p: the smallest descending set whose mass at temperature 1
     reaches top_p; min-p: logits >= max + log(min_p); then softmax(logit / temperature).

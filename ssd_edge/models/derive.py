@@ -14,7 +14,7 @@ where llama.cpp would keep it in Q6_K (a target's keeps the mix). A small draft'
 much of its work (the 0.5B draft's 152k-token vocabulary: 136M of its 494M weights), and Q6_K's
 kernel computes several rows one at a time: on this project's machine the pure file decodes a
 token 24-29% faster than the default mix, at about the same agreement with the target on code and
-2 points less on prose (README, Models). The draft's quantization never changes what is committed (coupling.py: the target
+2 points less on prose (docs/models.md). The draft's quantization never changes what is committed (coupling.py: the target
 decides every token), only speed and acceptance. The derived file lives beside the original in
 the models folder, named NAME.KIND.gguf, with a JSON note of its provenance beside it; it is used
 as `-md NAME:KIND`, and as the default draft when the default draft has a q4_0 variant.

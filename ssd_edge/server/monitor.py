@@ -8,7 +8,7 @@ over five minutes:
 
 and the draft's utilization: rate(ssd_edge_busy_seconds_total{role="draft"}[5m])
 / rate(ssd_edge_generation_seconds_total[5m]). Gauges named *_rate hold the same ratios since
-start, for a quick look with curl. The README lists alert rules on the hit rate (healthy above
+start, for a quick look with curl. docs/server.md lists alert rules on the hit rate (healthy above
 0.70, poor below 0.50, as events.HIT_RATE_HEALTHY / HIT_RATE_POOR).
 
 Generation metrics are written by the scheduler's one worker thread; request counts by the
