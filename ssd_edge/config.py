@@ -118,10 +118,33 @@ class SamplingConfig(_Strict):
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     min_p: float = Field(default=0.05, ge=0.0, lt=1.0)
     seed: int | None = Field(default=None, description="None = a fresh random seed")
+    # the row's shaping before the filters above (structured/shaping.py; OpenAI's meaning): a bias added
+    # to chosen tokens' logits, then penalties on tokens the answer already holds
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="subtracted once from the logit of "
+                                    "every token the answer holds")
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, description="subtracted from a token's logit "
+                                     "once per time the answer holds it")
+    logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> added to its logit "
+                                         "(-100 bans it, 100 all but forces it)")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, v: dict[int, float]) -> dict[int, float]:
+        for t, b in v.items():
+            if t < 0:
+                raise ValueError(f"token id {t} is negative")
+            if not -100.0 <= b <= 100.0:
+                raise ValueError(f"the bias of token {t} is {b}; a bias is from -100 to 100")
+        return v
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_rows(self) -> bool:
+        """Whether rows change before their draw: a bias or a penalty."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class SpecConfig(_Strict):

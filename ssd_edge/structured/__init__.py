@@ -1,0 +1,12 @@
+"""Structured output: answers held to a JSON schema, a regex, a grammar or a tool call (llguidance).
+
+constraint.py   what an answer must look like, and its grammar (compile, ConstraintError)
+tokenizer.py    llguidance's tokenizer of a model's vocabulary, built once per loaded model
+shaping.py      a row's shaping before its draw: logit bias, penalties, the grammar's mask
+forced.py       the grammar's forced tokens as a proposer: drafts that cost no model
+"""
+
+from .constraint import Compiled, Constraint, ConstraintError, Grammar, JsonObject, JsonSchema, Regex, compile, parse_schema
+
+__all__ = ["Compiled", "Constraint", "ConstraintError", "Grammar", "JsonObject", "JsonSchema", "Regex", "compile",
+           "parse_schema"]
