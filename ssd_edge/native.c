@@ -749,7 +749,9 @@ typedef float *(*logits_fn)(void *ctx);
 typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
 /* A row's hook (coupling.RowHook's native form): called on each output row before its draw, with the drawn
  * token's position and the token decoded before it (the row's last input: the hook follows the answer
- * with it); it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). */
+ * with it); it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). Called
+ * too with no row (NULL) when a token is drawn that the loop decodes next, with that token and its
+ * position: what the next row will need can start while the decode runs. */
 typedef void (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous);
 
 /* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
@@ -858,6 +860,9 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         }
         drawn[n++] = (int32_t)next;
         if (n >= most || c.is_eog(c.vocab, (int32_t)next) || now_s() - start >= c.seconds) break;
+        /* the token is drawn, and decoded next: the hook may start on the next row's work (a grammar's mask)
+         * while the decode runs (a call with no row, the drawn token's position, the token) */
+        if (c.row_hook) c.row_hook(c.row_hook_user, NULL, n_vocab, (int64_t)p + 1, (int32_t)next);
         t = (int32_t)next;
         p++;
     }

@@ -227,6 +227,18 @@ class ModelDrafter:
         shape = self.shape
         while len(toks) < k:
             if shape is not None:
+                forced = shape.forced(history, toks)[:k - len(toks)]
+                if forced:  # the grammar's only continuation: drafted without drawing, read in one batch
+                    if guess:
+                        self.kv.truncate(base + len(toks) - first)
+                        guess = []
+                    toks.extend(forced)
+                    if self.candidates:
+                        cands.extend(Candidates(np.array([t]), np.ones(1)) for t in forced)
+                    if len(toks) == k:
+                        break
+                    row = self.kv.feed(list(history) + toks, 1, cancelled)[0]
+                    steps += 1
                 shape(row, history, toks)
             top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
             if top1 is not None and top1 < self.p_min:

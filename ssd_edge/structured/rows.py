@@ -57,8 +57,18 @@ class AnswerRows:
             self.cursor(row, h[self.n_prompt:] + self.ahead[:j] if j > 0 else h[self.n_prompt:])
 
     def _row(self, _user: int, row: ctypes.Array, n_vocab: int, position: int, previous: int) -> None:
-        """The C loop's call: the row after `previous`, which it drew (or, first, the history's last)."""
+        """The C loop's call: the row after `previous`, which it drew (or, first, the history's last); or,
+        with no row, the notice that it drew `previous` for `position` and decodes it now: the cursor
+        follows it and fills the next mask meanwhile."""
         try:
+            if not row:
+                if position - len(self.history) == len(self.ahead):
+                    self.ahead.append(previous)
+                    c = self.cursor
+                    if c is not None and len(c.tokens) == position - self.n_prompt:
+                        c.push(previous)
+                        c.prefetch()
+                return
             if position - len(self.history) > len(self.ahead):
                 self.ahead.append(previous)
             view = self._views.get((ctypes.addressof(row.contents), n_vocab))

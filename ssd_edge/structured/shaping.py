@@ -19,6 +19,8 @@ text before it is free.
 
 from __future__ import annotations
 
+import queue
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -77,11 +79,16 @@ class Cursor:
         self.refused: int | None = None  # index of the first token the grammar refused (rows after it: free)
         self.counts: dict[int, int] = {}
         self.mask = np.empty(shaping.words, dtype=np.int32) if self.matcher is not None else None
+        self._pending: threading.Event | None = None  # a fill in flight (prefetch), for `_filled` tokens
+        self._filled = -1
 
     # ------------------------------------------------------------ following an answer
     def follow(self, answer: Sequence[int]) -> None:
         """Be at the state after `answer` (the answer's tokens, not the prompt's)."""
         toks = self.tokens
+        if len(answer) == len(toks) and (not toks or answer[-1] == toks[-1]) and self._pending is not None:
+            return  # (the C loop's rows: already followed, when it told of the drawn token)
+        self._settle()
         n = common_prefix(toks, answer if type(answer) is list else list(answer))
         if n < len(toks):
             self._drop(len(toks) - n)
@@ -90,6 +97,7 @@ class Cursor:
 
     def push(self, t: int) -> None:
         """One more answer token."""
+        self._settle()
         i = len(self.tokens)
         self.tokens.append(t)
         if self.s.penalises:
@@ -154,6 +162,21 @@ class Cursor:
         """Whether the grammar is complete: only an end token may follow."""
         return self.constrained and self.matcher.is_stopped()
 
+    # ------------------------------------------------------------ the mask, filled ahead
+    def prefetch(self) -> None:
+        """Start filling the mask for the prefix followed now, on the filler thread (llguidance releases
+        the interpreter's lock while it fills): a plain step's decode runs meanwhile, and shape() then
+        finds it ready. Following another prefix first waits for it."""
+        if self.constrained and self._pending is None:
+            self._pending = _FILLER.fill(self.matcher, self.mask)
+            self._filled = len(self.tokens)
+
+    def _settle(self) -> None:
+        """Wait for a fill in flight: the matcher is the filler's until it ends."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+
     # ------------------------------------------------------------ shaping a row
     def shape(self, row: np.ndarray) -> None:
         """Bias, penalties and the grammar's mask on `row` (float32, in place), for the position after
@@ -168,7 +191,11 @@ class Cursor:
             n = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
             row[ids] -= s.presence + s.frequency * n
         if self.constrained:
-            self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+            if self._pending is not None and self._filled == len(self.tokens):
+                self._settle()  # filled while the row was decoded
+            else:
+                self._settle()
+                self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
             apply_mask(row, self.mask)
 
     def __call__(self, row: np.ndarray, answer: Sequence[int]) -> None:
@@ -188,3 +215,33 @@ def apply_mask(row: np.ndarray, mask: np.ndarray) -> None:
     n = min(len(row), len(ok))
     row[:n][~ok[:n]] = -np.inf
     row[n:] = -np.inf
+
+
+class _Filler:
+    """One daemon thread that fills masks ahead (Cursor.prefetch): llguidance drops the interpreter's lock
+    while it fills, so the fill runs beside whatever the engine's thread waits on (a plain step's decode)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def fill(self, matcher: Any, mask: np.ndarray) -> threading.Event:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ssd-edge-mask", daemon=True)
+                self._thread.start()
+        done = threading.Event()
+        self._jobs.put((matcher, mask.ctypes.data, mask.nbytes, done))
+        return done
+
+    def _run(self) -> None:
+        while True:
+            matcher, address, size, done = self._jobs.get()
+            try:
+                matcher.unsafe_compute_mask_ptr(address, size)
+            finally:
+                done.set()
+
+
+_FILLER = _Filler()

@@ -197,6 +197,7 @@ class BanTop:
     def __init__(self) -> None:
         self.positions: list[int] = []
         self.previous: list[int] = []  # the token decoded before each row, as the C loop tells it
+        self.notices: list[tuple[int, int]] = []  # (position, token) of each token drawn and decoded next
         self._c = HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
         self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None)
 
@@ -205,6 +206,9 @@ class BanTop:
         row[int(np.argmax(row))] = -np.inf
 
     def _row(self, _user, row, n_vocab, position, previous) -> None:
+        if not row:  # a token drawn, decoded next: the notice before its decode
+            self.notices.append((position, previous))
+            return
         self.previous.append(previous)
         self(np.ctypeslib.as_array(row, shape=(n_vocab,)), position)
 
@@ -222,6 +226,7 @@ def test_a_row_hook_changes_each_row_before_its_draw_in_c_as_in_python(draws):
     drawn, rc, _, decoded, undecided = lib.steps(token=2, pos=10, seq=0, most=5, draws=drawer.native)
     assert (rc, decoded, undecided) == (0, 5, 0) and in_c.positions == [11, 12, 13, 14, 15]
     assert in_c.previous == [2, *drawn[:-1]]  # each row's last input: the first token, then each one drawn
+    assert in_c.notices == [(11 + i, t) for i, t in enumerate(drawn[:-1])]  # told before each is decoded
     in_python = Drawer(s, draws[4], hook=BanTop())
     fresh = rows(5, seed=3)
     assert drawn == [in_python(row, 11 + i) for i, row in enumerate(fresh)]
