@@ -139,14 +139,14 @@ def logprobs_json(logprobs: Sequence[Any] | None, piece: Callable[[int], bytes])
 
 def readable_view(answer: str) -> list[RenderableType]:
     """What the chat prints below a finished answer that holds structure (none for plain text): a JSON
-    answer laid out and highlighted when that reads differently from the raw line; each tool call as its
-    name and its arguments."""
+    answer laid out and highlighted, unless the model wrote it so; each tool call as its name and its
+    arguments."""
     shape = readable(answer)
     if shape is None:
         return []
     if not shape.calls:
         laid_out = pretty(shape.value)
-        return [] if laid_out == answer.strip() else [Text("json:", style="dim"), JSON(laid_out)]
+        return [] if laid_out in answer else [Text("json:", style="dim"), JSON(laid_out)]  # (already so: as is)
     out: list[RenderableType] = []
     for call in shape.calls:
         out.append(Text.assemble(("tool call ", "dim"), (call.name, "bold cyan")))

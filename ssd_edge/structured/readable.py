@@ -5,6 +5,7 @@ better another way, and each face draws that its own way (the chat CLI with rich
 highlighted block):
 
     the whole answer is a JSON object or array    Readable(value=...)
+    (or one fenced block of it, ```json ... ```)
     Qwen's tool calls, each as the model writes it:
         <tool_call>
         {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+FENCE = re.compile(r"```(?:json)?\s*\n(.*)\n\s*```", re.DOTALL | re.IGNORECASE)  # the whole answer, fenced
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Readable:
 def readable(text: str) -> Readable | None:
     """The structure of a complete answer, or None when it is plain text."""
     stripped = text.strip()
+    if fenced := FENCE.fullmatch(stripped):
+        stripped = fenced[1].strip()
     if stripped[:1] in ("{", "["):
         try:
             value = json.loads(stripped)
