@@ -267,3 +267,24 @@ async def test_a_finished_reply_in_the_tui_shows_its_json_laid_out(tmp_path, mon
         assert view.message.content == ANSWER
         await pilot.press("f3")
         assert [strip.text.rstrip() for strip in view.rows()][:2] == ["assistant", ANSWER]
+
+
+async def test_grammar_forced_tokens_have_a_colour_and_another_proposers_the_targets(tmp_path, monkeypatch):
+    from pilot import SIZE, make_app, wait_for
+    from tui.chats import Message
+    from tui.widgets.chat import PROVENANCE_COLOURS, ChatView
+
+    monkeypatch.setenv("SSD_EDGE_CHATS", str(tmp_path / "chats"))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.phase == "ready")
+        message = Message("assistant", "")
+        for prov, piece in (("grammar", '{"name": "'), ("target", "Ada"), ("echo", '"}')):
+            message.add(prov, piece)
+        view = app.query_one(ChatView).add_message(message)
+        view.show_provenance = True
+        colours = {span.style.color.name if span.style.color else None
+                   for span in view.body().spans if view.body().plain[span.start:span.end] == '{"name": "'}
+        assert colours == {PROVENANCE_COLOURS["grammar"]}
+        target = view.get_component_rich_style("message--target")
+        assert [s.style for s in view.body().spans if view.body().plain[s.start:s.end] == '"}'] == [target]

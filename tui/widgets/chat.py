@@ -25,11 +25,11 @@ from textual.widgets import Input, ProgressBar, Static
 from ..chats import Chat, Message
 from .structured import readable_text
 
-PROVENANCES = ("target", "draft", "prespec", "ngram")
+PROVENANCES = ("target", "draft", "prespec", "ngram", "grammar")  # another proposer's kind: drawn as the target's
 PROVENANCE_LABELS = {"target": "target", "draft": "accepted draft", "prespec": "pre-speculation hit",
-                     "ngram": "n-gram"}
+                     "ngram": "n-gram", "grammar": "grammar-forced"}
 # Colours, also used by the help screen's legend; the target keeps the normal text colour ("").
-PROVENANCE_COLOURS = {"target": "", "draft": "#5fafff", "prespec": "#5fd75f", "ngram": "#d787d7"}
+PROVENANCE_COLOURS = {"target": "", "draft": "#5fafff", "prespec": "#5fd75f", "ngram": "#d787d7", "grammar": "#d7af5f"}
 _PROVENANCE_CSS = "\n".join(f"{{owner}} > .message--{p} {{{{ color: {c or '$foreground'}; }}}}"
                              for p, c in PROVENANCE_COLOURS.items())
 
@@ -79,7 +79,8 @@ class MessageView(Widget):
             text.append_text(shown)
         elif m.role == "assistant" and self.show_provenance:
             for prov, piece in m.spans():
-                text.append(piece, self.get_component_rich_style(f"message--{prov}"))
+                style = f"message--{prov if prov in PROVENANCES else 'target'}"
+                text.append(piece, self.get_component_rich_style(style))
         else:
             text.append(m.content)
         return text
