@@ -120,7 +120,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("frequency_penalty", ("--frequency-penalty",), float, "subtracted from a token's logit once per time "
            "the answer holds it, in [-2, 2] (default 0)", _S),
     Option("logit_bias", ("-l", "--logit-bias"), list, "TOKEN_ID=BIAS (or llama.cpp's TOKEN_ID+BIAS, TOKEN_ID-BIAS) "
-           "added to a token's logit, in [-100, 100]; -100 or -inf bans it (repeatable)", _S),
+           "added to a token's logit, in [-100, 100]; -100 (or -inf) all but bans it (repeatable)", _S),
     Option("mode", ("--mode",), str, "decoding: auto | ar | sd | lookup | ssd (default auto: each round, "
            "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
     Option("no_calibrate", ("--no-calibrate",), bool, "do not measure this device the first time mode auto "
