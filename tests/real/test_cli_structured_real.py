@@ -1,6 +1,8 @@
-"""`ssd-edge generate --json-schema` as a user runs it, on the small real pair (SmolLM2-135M + its first 28
-blocks): the answer is JSON that fits the schema, and it ends at the grammar's end (the model's end token),
-not at -n. The flags' parsing and errors: tests/faces/test_cli_structured.py."""
+"""`ssd-edge generate --json-schema` as a user runs it, on the small pair's target (SmolLM2-135M, mode
+lookup, where the grammar's forced runs are drafts): the answer is JSON that fits the schema (its integer
+bounded: this small model would write digits up to -n), and it ends at the grammar's end (the model's end
+token), not at -n. Every mode under a grammar: tests/engine/test_structured_engine.py; the flags' parsing
+and errors: tests/faces/test_cli_structured.py."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from test_cli_real import clean_env, pair_args
+from test_cli_real import clean_env
 
 pytestmark = pytest.mark.real
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
-                                           "population": {"type": "integer", "minimum": 0}},
+                                           "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
           "required": ["city", "population"], "additionalProperties": False}
 
 
@@ -26,7 +28,8 @@ def test_generate_json_schema_prints_json_that_fits(small_pair, tmp_path):
     schema.write_text(json.dumps(SCHEMA))
     # -m ssd_edge.cli.commands from the repository root: the tree under test, whatever is installed
     p = subprocess.run([sys.executable, "-m", "ssd_edge.cli.commands", "generate", "--chat", "--json", "-q",
-                        "--json-schema", str(schema), *pair_args(small_pair), "-n", "64", "--mode", "sd",
+                        "--json-schema", str(schema), "-m", str(small_pair[0]), "--no-draft", "-c", "512", "-n", "64",
+                        "--mode", "lookup",
                         "What is the largest city of France, and how many people live there?"],
                        capture_output=True, timeout=300, env=clean_env(), cwd=ROOT)
     assert p.returncode == 0, p.stderr.decode()
@@ -35,5 +38,6 @@ def test_generate_json_schema_prints_json_that_fits(small_pair, tmp_path):
     assert data["stop_reason"] == "eos", data  # the grammar completed the object: the model's end token
     assert set(answer) == {"city", "population"}
     assert isinstance(answer["city"], str) and len(answer["city"]) <= 24
-    assert isinstance(answer["population"], int) and answer["population"] >= 0
+    assert isinstance(answer["population"], int) and 0 <= answer["population"] <= 99999999
+    assert data["stats"]["forced"] > 0  # '{"city": "' is the grammar's alone: drafted without a model
     assert data["text"] == json.dumps(answer, ensure_ascii=False)  # rigid separators: ", " and ": "
