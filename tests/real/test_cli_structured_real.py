@@ -28,7 +28,7 @@ def test_generate_json_schema_prints_json_that_fits(small_pair, tmp_path):
     schema.write_text(json.dumps(SCHEMA))
     # -m ssd_edge.cli.commands from the repository root: the tree under test, whatever is installed
     p = subprocess.run([sys.executable, "-m", "ssd_edge.cli.commands", "generate", "--chat", "--json", "-q",
-                        "--json-schema", str(schema), "-m", str(small_pair[0]), "--no-draft", "-c", "512", "-n", "64",
+                        "--json-schema", str(schema), "--logprobs", "1", "-m", str(small_pair[0]), "--no-draft", "-c", "512", "-n", "64",
                         "--mode", "lookup",
                         "What is the largest city of France, and how many people live there?"],
                        capture_output=True, timeout=300, env=clean_env(), cwd=ROOT)
@@ -39,5 +39,7 @@ def test_generate_json_schema_prints_json_that_fits(small_pair, tmp_path):
     assert set(answer) == {"city", "population"}
     assert isinstance(answer["city"], str) and len(answer["city"]) <= 24
     assert isinstance(answer["population"], int) and 0 <= answer["population"] <= 99999999
+    assert [lp["id"] for lp in data["logprobs"]] == data["tokens"]  # one a token, with 1 alternative
+    assert all(len(lp["top_logprobs"]) == 1 and lp["logprob"] <= 0 for lp in data["logprobs"])
     assert data["stats"]["forced"] > 0  # '{"city": "' is the grammar's alone: drafted without a model
     assert data["text"] == json.dumps(answer, ensure_ascii=False)  # rigid separators: ", " and ": "
