@@ -23,6 +23,7 @@ for the default model pair, so it sits beside models/, below every face.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -114,6 +115,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("top_p", ("--top-p",), float, "top-p sampling, in (0, 1] (default 0.95)", _S),
     Option("min_p", ("--min-p",), float, "min-p sampling, in [0, 1) (default 0.05)", _S),
     Option("seed", ("--seed",), int, "random seed; -1 = random (default -1)", _S),
+    Option("presence_penalty", ("--presence-penalty",), float, "subtracted once from the logit of every token the "
+           "answer already holds, in [-2, 2] (default 0)", _S),
+    Option("frequency_penalty", ("--frequency-penalty",), float, "subtracted from a token's logit once per time "
+           "the answer holds it, in [-2, 2] (default 0)", _S),
+    Option("logit_bias", ("-l", "--logit-bias"), list, "TOKEN_ID=BIAS (or llama.cpp's TOKEN_ID+BIAS, TOKEN_ID-BIAS) "
+           "added to a token's logit, in [-100, 100]; -100 (or -inf) all but bans it (repeatable)", _S),
     Option("mode", ("--mode",), str, "decoding: auto | ar | sd | lookup | ssd (default auto: each round, "
            "a plain step, the n-gram lookup, the draft or a pre-speculated branch, whichever is expected fastest)", _X),
     Option("no_calibrate", ("--no-calibrate",), bool, "do not measure this device the first time mode auto "
@@ -151,6 +158,7 @@ _FIELD_OPTION = {
     ("sampling", "temperature"): "temp", ("sampling", "top_k"): "top_k", ("sampling", "top_p"): "top_p",
     ("sampling", "min_p"): "min_p", ("spec", "k"): "draft_max", ("spec", "k_min"): "draft_min",
     ("spec", "p_min"): "draft_p_min", ("prespec", "budget_cells"): "budget_cells",
+    **{("sampling", o): o for o in ("presence_penalty", "frequency_penalty", "logit_bias")},
 }
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
@@ -302,7 +310,8 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
     t, td = split_threads(mode, draft is not None, cores or usable_cores(), s["threads"], s["threads_draft"])
     seed = s["seed"]
     sampling = {k: v for k, v in (("temperature", s["temp"]), ("top_k", s["top_k"]), ("top_p", s["top_p"]),
-                                  ("min_p", s["min_p"])) if v is not None}
+                                  ("min_p", s["min_p"]), ("logit_bias", logit_bias(s) or None),
+                                  *((p, s[p]) for p in ("presence_penalty", "frequency_penalty"))) if v is not None}
     if seed is not None and seed != -1:
         sampling["seed"] = seed
     spec = {k: v for k, v in (("k", s["draft_max"]), ("k_min", s["draft_min"]), ("p_min", s["draft_p_min"]))
@@ -355,6 +364,16 @@ def _local_gpu() -> bool:
     except ImportError:  # no compiled llama.cpp: loading a model says so
         return False
     return gpu_offload_supported()
+
+
+def logit_bias(s: Settings) -> dict[int, float]:
+    """-l/--logit-bias TOKEN_ID=BIAS or llama.cpp's TOKEN_ID+BIAS, TOKEN_ID-BIAS as {token: bias} (inf: 100)."""
+    out: dict[int, float] = {}
+    for item in s["logit_bias"] or []:
+        if not (m := re.fullmatch(r"\s*(\d+)\s*(?:=\s*([+-]?)|([+-]))\s*(inf|\d+\.?\d*|\.\d+)\s*", item, re.I)):
+            raise s.invalid("logit_bias", f"{item!r} is not TOKEN_ID=BIAS (or TOKEN_ID+BIAS, TOKEN_ID-BIAS)")
+        out[int(m[1])] = (-1 if "-" in (m[2], m[3]) else 1) * (100.0 if m[4].lower() == "inf" else float(m[4]))
+    return out
 
 
 def _rpc_endpoints(s: Settings) -> list[str]:

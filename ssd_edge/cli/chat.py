@@ -34,7 +34,9 @@ from ..errors import ConfigError, ContextFullError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
 from ..planning.planner import k_text
 from ..stats_text import stats_line, stats_table
+from ..structured import Constraint
 from .signals import EXIT_TERMINATED, CancelOnSignal
+from .structured import readable_view
 
 PROMPT = "you › "
 MORE = "  … "
@@ -113,8 +115,9 @@ def stream_reader(stream: TextIO, console: Console, echo: bool = True) -> Reader
 
 class ChatSession:
     def __init__(self, engine: ChatEngine, console: Console, *, max_tokens: int, stop: Sequence[str] = (),
-                 system: str | None = None, title: str = "") -> None:
+                 system: str | None = None, title: str = "", constraint: Constraint | None = None) -> None:
         self.engine = engine
+        self.constraint = constraint  # every answer's (--json-schema, --json-object, --regex, --grammar)
         self.console = console
         self.max_tokens = max_tokens
         self.stop = list(stop)
@@ -221,7 +224,7 @@ class ChatSession:
             # force=False: a second Ctrl-C must not cut the engine mid-decode; it stops within a round
             with CancelOnSignal(cancel, force=False) as sig:
                 events = self.engine.generate(messages=messages, max_tokens=self.max_tokens, stop=self.stop,
-                                              cancel=cancel)
+                                              cancel=cancel, constraint=self.constraint)
                 try:
                     for ev in events:
                         delta = ev.text if isinstance(ev, TokenEvent) else ev.tail
@@ -247,6 +250,8 @@ class ChatSession:
         assert finish is not None
         if written and not written.endswith("\n"):
             self.console.print()
+        for part in readable_view(finish.text):  # JSON laid out, tool calls by name, below the raw answer
+            self.console.print(part)
         self.last = finish
         if finish.text:
             self.messages.append({"role": "assistant", "content": finish.text})

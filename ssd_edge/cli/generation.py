@@ -21,9 +21,12 @@ from .. import settings
 from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
+from ..structured import Constraint
 from ..stats_text import stats_line
 from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
+from .structured import (GrammarFlag, JsonObjectFlag, JsonSchemaFlag, LogprobsFlag, RegexFlag, StrictFlag,
+                         check_logprobs, constraint_from, logprobs_json)
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal
 
@@ -65,11 +68,15 @@ def generate(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object (text, token ids, stop_reason, "
                                            "stats) instead of streaming")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no stats line on stderr")] = False,
+    json_schema: JsonSchemaFlag = None, json_object: JsonObjectFlag = False, regex: RegexFlag = None,
+    grammar: GrammarFlag = None, strict: StrictFlag = False, logprobs: LogprobsFlag = None,
     *, flags: dict[str, Any],
 ) -> None:
     """Stream a completion of PROMPT to stdout (stats on stderr)."""
     with reported(flags):
         s = sources.with_hub_models(settings.resolve(flags))
+        constraint = constraint_from(json_schema, json_object, regex, grammar, strict)
+        check_logprobs(logprobs, json_out)
         text = read_prompt(prompt)
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(256, cfg.n_ctx)
@@ -78,14 +85,16 @@ def generate(
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
         engine = loader.load_engine(cfg, s)
         try:
-            code = write_completion(engine, cfg, text, messages, max_tokens, s["stop"] or [], json_out, quiet)
+            code = write_completion(engine, cfg, text, messages, max_tokens, s["stop"] or [], json_out, quiet,
+                                    constraint, logprobs)
         finally:
             engine.close()
     raise typer.Exit(code)
 
 
 def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str, str]] | None, max_tokens: int,
-              stop: list[str], json_out: bool, quiet: bool) -> int:
+                     stop: list[str], json_out: bool, quiet: bool, constraint: Constraint | None = None,
+                     logprobs: int | None = None) -> int:
     err = stderr()
     out = sys.stdout
     tokens = engine.prompt_tokens(None if messages else text, messages)
@@ -94,7 +103,8 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
     state: str | None = None
     with CancelOnSignal(cancel) as sig:  # (said once the handlers are in: a Ctrl-C from now on is a clean stop)
         log.debug("processing the prompt: %d tokens, mode %s", len(tokens), cfg.mode)
-        events = engine.generate(tokens=tokens, max_tokens=max_tokens, stop=stop, cancel=cancel)
+        events = engine.generate(tokens=tokens, max_tokens=max_tokens, stop=stop, cancel=cancel,
+                                 constraint=constraint, logprobs=logprobs)
         try:
             for ev in events:
                 if isinstance(ev, TokenEvent):
@@ -108,11 +118,14 @@ def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[d
             events.close()  # on any exit: the engine's finally joins its worker thread
     assert finish is not None
     if json_out:
-        out.write(json.dumps({
+        data = {
             "text": finish.text, "tokens": list(finish.tokens), "prompt_tokens": len(tokens),
             "stop_reason": finish.stop_reason, "message": finish.message, "mode": cfg.mode,
             "model": cfg.target.path, "draft": cfg.draft.path if cfg.draft else None, "stats": finish.stats.to_dict(),
-        }, ensure_ascii=False) + "\n")
+        }
+        if logprobs is not None:
+            data["logprobs"] = logprobs_json(finish.logprobs, engine.piece)
+        out.write(json.dumps(data, ensure_ascii=False) + "\n")
     else:
         if finish.tail:
             out.write(finish.tail)
@@ -144,15 +157,19 @@ def same_file(a: Any, b: Any) -> bool:
 @with_options(ENGINE_OPTIONS)
 def chat(
     system: Annotated[Optional[str], typer.Option("--system", help="the system prompt", show_default=False)] = None,
+    json_schema: JsonSchemaFlag = None, json_object: JsonObjectFlag = False, regex: RegexFlag = None,
+    grammar: GrammarFlag = None, strict: StrictFlag = False,
     *, flags: dict[str, Any],
 ) -> None:
     """Chat in the terminal: streaming answers, a stats line after each, /help for commands.
 
-    Reads a here-doc or a pipe as well as a terminal. Ctrl-C stops an answer, Ctrl-D quits."""
+    Reads a here-doc or a pipe as well as a terminal. Ctrl-C stops an answer, Ctrl-D quits. A constraint
+    flag (--json-schema, --json-object, --regex, --grammar) holds every answer of the chat."""
     from .chat import ChatSession, stream_reader, terminal_reader
 
     with reported(flags):
         s = sources.with_hub_models(settings.resolve(flags))
+        constraint = constraint_from(json_schema, json_object, regex, grammar, strict)
         cfg = settings.engine_config(s)
         max_tokens = s.max_tokens(-1, cfg.n_ctx)
         console = Console(highlight=False, soft_wrap=True)  # the terminal wraps; rich would break streamed words
@@ -165,7 +182,7 @@ def chat(
         engine = loader.load_engine(cfg, s)
         try:
             session = ChatSession(engine, console, max_tokens=max_tokens, stop=s["stop"] or [], system=system,
-                                  title=loader.describe(cfg))
+                                  title=loader.describe(cfg), constraint=constraint)
             code = session.run(read)
         finally:
             engine.close()

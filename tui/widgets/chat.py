@@ -23,12 +23,13 @@ from textual.widget import Widget
 from textual.widgets import Input, ProgressBar, Static
 
 from ..chats import Chat, Message
+from .structured import readable_text
 
-PROVENANCES = ("target", "draft", "prespec", "ngram")
+PROVENANCES = ("target", "draft", "prespec", "ngram", "grammar")  # another proposer's kind: drawn as the target's
 PROVENANCE_LABELS = {"target": "target", "draft": "accepted draft", "prespec": "pre-speculation hit",
-                     "ngram": "n-gram"}
+                     "ngram": "n-gram", "grammar": "grammar-forced"}
 # Colours, also used by the help screen's legend; the target keeps the normal text colour ("").
-PROVENANCE_COLOURS = {"target": "", "draft": "#5fafff", "prespec": "#5fd75f", "ngram": "#d787d7"}
+PROVENANCE_COLOURS = {"target": "", "draft": "#5fafff", "prespec": "#5fd75f", "ngram": "#d787d7", "grammar": "#d7af5f"}
 _PROVENANCE_CSS = "\n".join(f"{{owner}} > .message--{p} {{{{ color: {c or '$foreground'}; }}}}"
                              for p, c in PROVENANCE_COLOURS.items())
 
@@ -64,19 +65,32 @@ class MessageView(Widget):
         self._settled: list[Strip] = []  # the rows of body[:self._cut]
         self._cut = -1                   # the line break that ends the settled text (-1: none yet)
         self._open: list[Strip] = []     # the rows after it: the open line, the cursor, the note
+        self._shown: tuple[str, Text | None] | None = None  # (text, its readable form) of a finished answer
 
     # ---------------------------------------------------------------- the text
     def body(self) -> Text:
-        """The role line and the message's text (coloured by provenance when that is on)."""
+        """The role line and the message's text (coloured by provenance when that is on; a finished answer
+        that holds JSON or tool calls, readably, when it is off)."""
         m = self.message
         text = Text(overflow="fold")
         text.append("you\n" if m.role == "user" else "assistant\n", self.get_component_rich_style("message--role"))
-        if m.role == "assistant" and self.show_provenance:
+        shown = self._readable() if m.role == "assistant" and not self.streaming and not self.show_provenance else None
+        if shown is not None:
+            text.append_text(shown)
+        elif m.role == "assistant" and self.show_provenance:
             for prov, piece in m.spans():
-                text.append(piece, self.get_component_rich_style(f"message--{prov}"))
+                style = f"message--{prov if prov in PROVENANCES else 'target'}"
+                text.append(piece, self.get_component_rich_style(style))
         else:
             text.append(m.content)
         return text
+
+    def _readable(self) -> Text | None:
+        """The readable form of the finished answer, worked out once per text."""
+        content = self.message.content
+        if self._shown is None or self._shown[0] != content:
+            self._shown = (content, readable_text(content, self.get_component_rich_style("message--note")))
+        return self._shown[1]
 
     def tail(self) -> Text:
         """What follows the text: the streaming cursor, or "…" for an empty answer; the note."""
@@ -104,7 +118,7 @@ class MessageView(Widget):
     def _update_rows(self, width: int) -> int:
         """Bring the rows up to date with the message at `width`; returns the first row that changed."""
         selection = self.text_selection
-        key = (width, self.show_provenance, self.visual_style, selection,
+        key = (width, self.show_provenance, self.streaming, self.visual_style, selection,
                *(self.get_component_rich_style(c) for c in sorted(self.COMPONENT_CLASSES)))
         if key != self._key:
             self._key, self._settled, self._cut = key, [], -1
@@ -163,7 +177,7 @@ class MessageView(Widget):
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
-        self._key = None  # a theme or a class changed: the rows' styles may have
+        self._key = self._shown = None  # a theme or a class changed: the rows' styles may have
 
     def selection_updated(self, selection) -> None:
         self._key = None  # the rows are drawn anew, with the selection (or without it)
