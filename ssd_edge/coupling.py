@@ -126,9 +126,10 @@ def draw(logits: np.ndarray, s: SamplingConfig, seed: int, position: int) -> int
 class RowHook(Protocol):
     """What may change a logit row before its draw, before top-k (structured output's grammar mask,
     penalties, a logit bias): called with the row and the drawn token's position, it changes the row in
-    place. native: its form for native.steps's C loop, (a C function's address, its user pointer), with
-    native.c's row_hook_fn signature; None where only Python can run it (plain steps then go a round at
-    a time)."""
+    place. native: its form for native.steps's C loop, (a C function's address, its user pointer) and
+    optionally (the address of the int32 mask it fills, its words), with native.c's row_hook_fn
+    signature (it returns 1 where the C loop is to draw under that mask); None where only Python can
+    run it (plain steps then go a round at a time)."""
 
     native: tuple[int, int] | None
 
@@ -150,7 +151,7 @@ class Drawer:
         # compiled extension, a hook with no native form)
         native = (0, 0.0, 0.0, 0.0, 0) if self.greedy and compiled_argmax is not None else self._fused
         if hook is not None and native is not None:
-            native = (*native, *hook.native) if hook.native is not None else None
+            native = (*native, *hook.native, *(None, 0)[len(hook.native) - 2:]) if hook.native is not None else None
         self.native = native
 
     def __call__(self, row: np.ndarray, position: int) -> int:

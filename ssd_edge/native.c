@@ -341,28 +341,13 @@ static PyObject *argmax(PyObject *self, PyObject *args) {
 /* mask(row, bits) -> None: a grammar's mask on a float32 row, in place (structured/shaping.apply_mask): -inf on
  * every token whose bit is 0 (bit i of int32 word w is token 32 w + i) and past the mask's end. A word at a
  * time: all-allowed words are skipped, all-refused ones written at once (a JSON grammar refuses most). */
+static void mask_core(float *x, Py_ssize_t n, const uint32_t *w, Py_ssize_t words);
+
 static PyObject *mask(PyObject *self, PyObject *args) {
     Py_buffer row, bits;
     if (!PyArg_ParseTuple(args, "w*y*", &row, &bits)) return NULL;
-    float *x = (float *)row.buf;
-    const uint32_t *w = (const uint32_t *)bits.buf;
-    const Py_ssize_t n = row.len / (Py_ssize_t)sizeof(float), words = bits.len / 4;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = 0;
-    for (Py_ssize_t j = 0; j < words && i < n; j++, i += 32) {
-        const uint32_t b = w[j];
-        if (b == 0xFFFFFFFFu) continue;
-        const Py_ssize_t end = i + 32 < n ? i + 32 : n;
-        if (b == 0) {
-            for (Py_ssize_t t = i; t < end; t++) x[t] = -INFINITY;
-        } else if (end - i == 32) {  /* only the refused ones: inside a JSON string, a few per word */
-            for (uint32_t r = ~b; r; r &= r - 1) x[i + __builtin_ctz(r)] = -INFINITY;
-        } else {
-            for (Py_ssize_t t = i; t < end; t++)
-                if (!((b >> (t - i)) & 1u)) x[t] = -INFINITY;
-        }
-    }
-    for (; i < n; i++) x[i] = -INFINITY;
+    mask_core((float *)row.buf, row.len / (Py_ssize_t)sizeof(float), (const uint32_t *)bits.buf, bits.len / 4);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&row);
     PyBuffer_Release(&bits);
@@ -713,6 +698,131 @@ static PyObject *draw(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(best);
 }
 
+/* -inf on every refused token of x[0..n-1] (mask()'s work): all-allowed words skipped, all-refused ones written,
+ * a partial word only at its refused bits */
+static void mask_core(float *x, Py_ssize_t n, const uint32_t *w, Py_ssize_t words) {
+    Py_ssize_t i = 0;
+    for (Py_ssize_t j = 0; j < words && i < n; j++, i += 32) {
+        const uint32_t b = w[j];
+        if (b == 0xFFFFFFFFu) continue;
+        const Py_ssize_t end = i + 32 < n ? i + 32 : n;
+        if (b == 0) {
+            for (Py_ssize_t t = i; t < end; t++) x[t] = -INFINITY;
+        } else if (end - i == 32) {  /* only the refused ones: inside a JSON string, a few per word */
+            for (uint32_t r = ~b; r; r &= r - 1) x[i + __builtin_ctz(r)] = -INFINITY;
+        } else {
+            for (Py_ssize_t t = i; t < end; t++)
+                if (!((b >> (t - i)) & 1u)) x[t] = -INFINITY;
+        }
+    }
+    for (; i < n; i++) x[i] = -INFINITY;
+}
+
+/* The draw from row x under a grammar's mask: the same token as mask_core, then argmax_core (k 0) or
+ * support_core and gumbel_core (coupling.Drawer on the masked row), without writing -inf over the row
+ * where the mask allows few tokens (a JSON grammar's usual state): their values are gathered (ids
+ * ascending) and drawn from as a row of their own, which keeps top_ids' order among them (the gathered
+ * row gets two -inf after them: where no more than k are allowed, top-k keeps every one, ids ascending,
+ * as it does on the masked row).
+ * 1 drawn (*out), 0 where Python must decide (nothing allowed, NaN, ties past the buffer), -1 out of memory. */
+static int masked_draw_core(float *x, Py_ssize_t n, const uint32_t *w, Py_ssize_t words, Py_ssize_t k,
+                            double top_p, double min_p, double temperature, uint64_t seed, uint64_t position,
+                            float *bound, int64_t *out) {
+    Py_ssize_t allowed = 0;
+    const Py_ssize_t full = n / 32 < words ? n / 32 : words;
+    for (Py_ssize_t j = 0; j < full; j++) allowed += __builtin_popcount(w[j]);
+    if (allowed == 0) return 0;
+    if (allowed > n / 8 || full < words || n % 32) {  /* many allowed (free text, a string): in place */
+        mask_core(x, n, w, words);
+        if (k == 0) {
+            *out = argmax_core(x, n, bound);
+            return 1;
+        }
+        int64_t *idx;
+        double *p;
+        Py_ssize_t m = 0;
+        int ok = support_core(x, n, k, top_p, min_p, temperature, &idx, &p, &m);
+        if (ok == 1) *out = m == 1 ? idx[0] : gumbel_core(idx, p, m, seed, position);
+        free(idx);
+        free(p);
+        return ok;
+    }
+    float *v = malloc((size_t)(allowed + 2) * sizeof(float));
+    int64_t *id = malloc((size_t)(allowed + 2) * sizeof(int64_t));
+    if (v == NULL || id == NULL) {
+        free(v);
+        free(id);
+        return -1;
+    }
+    Py_ssize_t m = 0;
+    for (Py_ssize_t j = 0; j < full; j++)
+        for (uint32_t b = w[j]; b; b &= b - 1) {
+            const Py_ssize_t t = j * 32 + __builtin_ctz(b);
+            id[m] = t;
+            v[m++] = x[t];
+        }
+    int ok = 1;
+    if (k == 0) {  /* np.argmax's first largest (a NaN first): ids ascending, as in the row */
+        Py_ssize_t best = 0;
+        for (Py_ssize_t j = 0; j < m; j++) {
+            if (v[j] != v[j]) {
+                best = j;
+                break;
+            }
+            if (v[j] > v[best]) best = j;
+        }
+        *out = id[best];
+    } else {
+        v[m] = v[m + 1] = -INFINITY;  /* refused tokens' places: top-k then keeps all m where m <= k */
+        int64_t *idx;
+        double *p;
+        Py_ssize_t got = 0;
+        ok = support_core(v, m + 2, k < m ? k : m + 1, top_p, min_p, temperature, &idx, &p, &got);
+        if (ok == 1) {
+            for (Py_ssize_t j = 0; j < got; j++) idx[j] = id[idx[j]];
+            *out = got == 1 ? idx[0] : gumbel_core(idx, p, got, seed, position);
+        }
+        free(idx);
+        free(p);
+    }
+    free(v);
+    free(id);
+    return ok;
+}
+
+/* masked_draw(row, mask, top_k, top_p, min_p, temperature, seed, position) -> the token, or None: the C loop's
+ * draw under a grammar's mask (masked_draw_core; top_k 0: greedy). The row may be written (-inf). */
+static PyObject *masked_draw(PyObject *self, PyObject *args) {
+    Py_buffer buf, bits;
+    Py_ssize_t k;
+    double top_p, min_p, temperature;
+    unsigned long long seed, position;
+    if (!PyArg_ParseTuple(args, "w*y*ndddKK", &buf, &bits, &k, &top_p, &min_p, &temperature, &seed, &position))
+        return NULL;
+    const Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(float);
+    float *bound = malloc((size_t)(n / GROUP + 1) * sizeof(float));
+    int ok = -1;
+    int64_t best = 0;
+    if (bound != NULL && n > 0 && k >= 0 && k < n && (k == 0 || temperature > 0.0)) {
+        Py_BEGIN_ALLOW_THREADS
+        ok = masked_draw_core((float *)buf.buf, n, (const uint32_t *)bits.buf, bits.len / 4, k, top_p, min_p,
+                              temperature, seed, position, bound, &best);
+        Py_END_ALLOW_THREADS
+    } else if (bound != NULL) {
+        ok = -2;
+    }
+    free(bound);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&bits);
+    if (ok == -2) {
+        PyErr_SetString(PyExc_ValueError, "masked_draw: need 0 <= top_k < len(row), and a temperature > 0 to sample");
+        return NULL;
+    }
+    if (ok < 0) return PyErr_NoMemory();
+    if (ok == 0) Py_RETURN_NONE;
+    return PyLong_FromLongLong(best);
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -751,8 +861,9 @@ typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
  * token's position and the token decoded before it (the row's last input: the hook follows the answer
  * with it); it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). Called
  * too with no row (NULL) when a token is drawn that the loop decodes next, with that token and its
- * position: what the next row will need can start while the decode runs. */
-typedef void (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous);
+ * position: what the next row will need can start while the decode runs. It returns 1 where the row is
+ * to be drawn under the mask at steps_call.mask (the hook filled it; masked_draw_core), else 0. */
+typedef int32_t (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous);
 
 /* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
  * a ctypes.Structure with these fields in this order (a buffer of another size is refused). The first
@@ -778,6 +889,8 @@ typedef struct {
     uint64_t seed;
     row_hook_fn row_hook;     /* NULL: none; else called on each row before its draw */
     void *row_hook_user;      /* the hook's first argument */
+    const uint32_t *mask;     /* a grammar's mask the hook fills (bit i of word w: token 32 w + i allowed) */
+    int64_t mask_words;
 } steps_call;
 
 /* steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided)
@@ -844,9 +957,14 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         in_decode += now_s() - t0;
         if (rc != 0) break;
         decoded++;
-        if (c.row_hook) c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1, t);
+        const int masked = c.row_hook && c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1, t) == 1
+                           && c.mask != NULL;
         int64_t next;
-        if (k == 0) {
+        if (masked) {
+            status = masked_draw_core((float *)row, n_vocab, c.mask, c.mask_words, k, c.top_p, c.min_p, c.temperature,
+                                      c.seed, (uint64_t)p + 1, bound, &next);
+            if (status != 1) break;
+        } else if (k == 0) {
             next = argmax_core(row, n_vocab, bound);
         } else {
             int64_t *idx;
@@ -932,6 +1050,9 @@ static PyMethodDef methods[] = {
     {"steps", steps, METH_O,
      "steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
      "(llama.cpp's functions by address; top_k 0: greedy). call: ssd_edge.llama.context.StepsCall."},
+    {"masked_draw", masked_draw, METH_VARARGS,
+     "masked_draw(row, mask, top_k, top_p, min_p, temperature, seed, position) -> the draw under a grammar's mask "
+     "(top_k 0: greedy), or None; the row may be written."},
     {"mask", mask, METH_VARARGS,
      "mask(row: writable float32 buffer, bits: int32 words) -> None: -inf where a token's bit is 0, and past the end."},
     {"argmax", argmax, METH_VARARGS, "argmax(row: float32 buffer) -> int: np.argmax's answer (first of ties, a NaN first)."},

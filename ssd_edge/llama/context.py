@@ -64,14 +64,17 @@ class StepsCall(ctypes.Structure):
                 ("most", ctypes.c_int64), ("seconds", ctypes.c_double),
                 ("top_k", ctypes.c_int64), ("top_p", ctypes.c_double), ("min_p", ctypes.c_double),
                 ("temperature", ctypes.c_double), ("seed", ctypes.c_uint64),
-                ("row_hook", ctypes.c_void_p), ("row_hook_user", ctypes.c_void_p)]
+                ("row_hook", ctypes.c_void_p), ("row_hook_user", ctypes.c_void_p),
+                ("mask", ctypes.c_void_p), ("mask_words", ctypes.c_int64)]
 
     def set(self, token: int, pos: int, seq: int, most: int, seconds: float, draws: tuple) -> StepsCall:
         """This call's fields (draws: coupling.Drawer.native's (top_k, top_p, min_p, temperature, seed), then
-        its row hook's (C function address, user pointer) where it has one); self."""
+        its row hook's (C function address, user pointer, and the mask it fills: address, int32 words) where it
+        has one); self."""
         self.token, self.pos, self.seq, self.most, self.seconds = token, pos, seq, most, seconds
         self.top_k, self.top_p, self.min_p, self.temperature, self.seed = draws[:5]
         self.row_hook, self.row_hook_user = draws[5:7] if len(draws) > 5 else (None, None)
+        self.mask, self.mask_words = draws[7:9] if len(draws) > 7 else (None, 0)
         return self
 
 

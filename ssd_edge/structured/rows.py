@@ -18,10 +18,10 @@ import numpy as np
 
 from ..events import TokenLogprob
 from ..sampling import top_ids
-from .shaping import Cursor
+from .shaping import Cursor, apply_mask
 
-# native.c's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row)
-_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
+# native.c's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row) -> 1: draw under the mask
+_HOOK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
                          ctypes.c_int32)
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
 
@@ -40,7 +40,12 @@ class AnswerRows:
         self.raw: dict[int, np.ndarray] = {}  # position -> the row before shaping (logprobs only)
         self._c = _HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
         # logprobs keep a row copy per position: plain steps then go a round at a time, in Python
-        self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None) if logprobs is None else None
+        self.native = None
+        if logprobs is None:
+            mask = cursor.mask if cursor is not None and cursor.mask is not None else None
+            self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None,
+                           mask.ctypes.data if mask is not None else None, len(mask) if mask is not None else 0)
+        self._c_shaped = -1  # the position whose row the C loop's call shaped all but the mask of
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self.error: BaseException | None = None
 
@@ -48,15 +53,24 @@ class AnswerRows:
         """A round starts: its rows follow the committed history, then `draft`."""
         self.ahead = list(draft)
 
-    def __call__(self, row: np.ndarray, position: int) -> None:
+    def __call__(self, row: np.ndarray, position: int, mask: bool = True) -> bool:
+        """Shape the row of `position` in place (mask=False: all but the mask, which the cursor holds
+        filled for the draw to apply); whether a mask applies."""
         if self.logprobs is not None:
             self.raw[position] = np.array(row, dtype=np.float32, copy=True)
-        if self.cursor is not None:
-            j = position - len(self.history)
-            h = self.history
-            self.cursor(row, h[self.n_prompt:] + self.ahead[:j] if j > 0 else h[self.n_prompt:])
+        c = self.cursor
+        if c is None:
+            return False
+        if position == self._c_shaped:  # the C loop left this row's draw to Python: the mask alone is missing
+            self._c_shaped = -1
+            if c.constrained:
+                apply_mask(row, c.mask)
+            return c.constrained
+        j = position - len(self.history)
+        h = self.history
+        return c(row, h[self.n_prompt:] + self.ahead[:j] if j > 0 else h[self.n_prompt:], mask)
 
-    def _row(self, _user: int, row: ctypes.Array, n_vocab: int, position: int, previous: int) -> None:
+    def _row(self, _user: int, row: ctypes.Array, n_vocab: int, position: int, previous: int) -> int:
         """The C loop's call: the row after `previous`, which it drew (or, first, the history's last); or,
         with no row, the notice that it drew `previous` for `position` and decodes it now: the cursor
         follows it and fills the next mask meanwhile."""
@@ -68,16 +82,19 @@ class AnswerRows:
                     if c is not None and len(c.tokens) == position - self.n_prompt:
                         c.push(previous)
                         c.prefetch()
-                return
+                return 0
             if position - len(self.history) > len(self.ahead):
                 self.ahead.append(previous)
             view = self._views.get((ctypes.addressof(row.contents), n_vocab))
             if view is None:
                 view = np.ctypeslib.as_array(row, shape=(n_vocab,))
                 self._views = {(ctypes.addressof(row.contents), n_vocab): view}
-            self(view, position)
+            masked = self(view, position, mask=False)
+            self._c_shaped = position
+            return 1 if masked else 0
         except BaseException as e:  # an exception cannot cross the C loop: kept, and raised after it
             self.error = e
+            return 0
 
     def check(self) -> None:
         """Raise what the C loop's calls raised, if anything."""

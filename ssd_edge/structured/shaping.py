@@ -178,9 +178,11 @@ class Cursor:
             self._pending = None
 
     # ------------------------------------------------------------ shaping a row
-    def shape(self, row: np.ndarray) -> None:
+    def shape(self, row: np.ndarray, mask: bool = True) -> bool:
         """Bias, penalties and the grammar's mask on `row` (float32, in place), for the position after
-        the prefix followed."""
+        the prefix followed. mask=False: the mask is filled (self.mask) but left for the draw to apply
+        (native.masked_draw, which need not write -inf over a row it mostly refuses). Returns whether a
+        mask applies."""
         s = self.s
         if s.bias is not None:
             ids, add = s.bias
@@ -196,12 +198,15 @@ class Cursor:
             else:
                 self._settle()
                 self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
-            apply_mask(row, self.mask)
+            if mask:
+                apply_mask(row, self.mask)
+            return True
+        return False
 
-    def __call__(self, row: np.ndarray, answer: Sequence[int]) -> None:
-        """follow(answer) then shape(row)."""
+    def __call__(self, row: np.ndarray, answer: Sequence[int], mask: bool = True) -> bool:
+        """follow(answer) then shape(row, mask)."""
         self.follow(answer)
-        self.shape(row)
+        return self.shape(row, mask)
 
 
 def apply_mask(row: np.ndarray, mask: np.ndarray) -> None:

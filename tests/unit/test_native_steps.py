@@ -186,7 +186,7 @@ def test_kvseq_steps_draws_a_row_the_loop_left_and_holds_what_was_decoded(temper
     assert kv.steps([4, 4, 9], 2, 10.0, drawer) is None  # not all but the last token cached: the caller's rounds
 
 
-HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
+HOOK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
                         ctypes.c_int32)
 
 
@@ -205,12 +205,13 @@ class BanTop:
         self.positions.append(position)
         row[int(np.argmax(row))] = -np.inf
 
-    def _row(self, _user, row, n_vocab, position, previous) -> None:
+    def _row(self, _user, row, n_vocab, position, previous) -> int:
         if not row:  # a token drawn, decoded next: the notice before its decode
             self.notices.append((position, previous))
-            return
+            return 0
         self.previous.append(previous)
         self(np.ctypeslib.as_array(row, shape=(n_vocab,)), position)
+        return 0  # the row is as the hook left it: the loop draws from it
 
 
 @pytest.mark.parametrize("draws", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
@@ -221,7 +222,7 @@ def test_a_row_hook_changes_each_row_before_its_draw_in_c_as_in_python(draws):
     s = SamplingConfig(temperature=draws[3], top_k=draws[0] or 40, top_p=draws[1] or 1.0, min_p=draws[2], seed=draws[4])
     in_c = BanTop()
     drawer = Drawer(s, draws[4], hook=in_c)
-    assert drawer.native == (*draws, *in_c.native)
+    assert drawer.native == (*draws, *in_c.native, None, 0)
     lib = Library(rows(5, seed=3))
     drawn, rc, _, decoded, undecided = lib.steps(token=2, pos=10, seq=0, most=5, draws=drawer.native)
     assert (rc, decoded, undecided) == (0, 5, 0) and in_c.positions == [11, 12, 13, 14, 15]
