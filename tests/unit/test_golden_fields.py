@@ -185,7 +185,7 @@ def server() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         post("POST /v1/completions (stream chunks)", "/v1/completions", {**text, **usage})
         for path in ("/health", "/v1/models", "/v1/models/fake"):
             bodies[f"GET {path}"] = [client.get(path).json()]
-        bad = client.post("/v1/completions", json={**text, "n": 2})
+        bad = client.post("/v1/completions", json={**text, "n": 0})
         assert bad.status_code == 400
         bodies["an error (any 4xx/5xx)"] = [bad.json()]
         page = client.get("/metrics").text
