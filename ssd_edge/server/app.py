@@ -231,7 +231,7 @@ class API:
     @staticmethod
     def _shape(req: ChatRequest | CompletionRequest, template: Any) -> Shape:
         try:
-            return read_shape(req.response_format, req.tools, req.tool_choice, template)
+            return read_shape(req.response_format, req.tools, req.tool_choice, template, req.parallel_tool_calls)
         except ConstraintError as e:
             raise bad_request(str(e), e.field) from None
 

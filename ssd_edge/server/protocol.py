@@ -83,6 +83,7 @@ class _Generation(_Body):
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     # refused (see refused())
     best_of: int | None = None
     functions: list[Any] | None = None

@@ -38,7 +38,7 @@ class Shape:
 
 
 def read(response_format: dict[str, Any] | None, raw_tools: list[Any] | None, tool_choice: Any,
-         template: ChatTemplate | None) -> Shape:
+         template: ChatTemplate | None, parallel: bool = True) -> Shape:
     answer = _response_format(response_format)
     if not raw_tools:
         if tool_choice not in (None, "none"):
@@ -52,7 +52,7 @@ def read(response_format: dict[str, Any] | None, raw_tools: list[Any] | None, to
         raise ConstraintError("response_format", "give tools or a response_format, not both (a response_format "
                               "applies with tool_choice \"none\")")
     fmt = tools.format_of(template)
-    return Shape(tools.constraint(choice, fmt), choice, fmt, [t.as_openai() for t in offered])
+    return Shape(tools.constraint(choice, fmt, parallel), choice, fmt, [t.as_openai() for t in offered])
 
 
 def _response_format(rf: dict[str, Any] | None) -> Constraint | None:

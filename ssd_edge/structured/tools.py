@@ -136,17 +136,20 @@ def check(choice: Choice, tokenizer: Any) -> None:
         compile(JsonSchema(tool.parameters, strict=tool.strict, field=tool.field), tokenizer)
 
 
-def constraint(choice: Choice, fmt: Format) -> Grammar | None:
-    """The grammar the answer follows (None: the answer is free)."""
+def constraint(choice: Choice, fmt: Format, parallel: bool = True) -> Grammar | None:
+    """The grammar the answer follows (None: the answer is free); parallel=False: one call at most
+    (OpenAI's parallel_tool_calls)."""
     if choice.kind == "none" or (fmt == "json" and choice.kind == "auto"):
         return None
     rules = [f"fn_{i}: {json.dumps(_head(t))} args_{i} \"}}\"\nargs_{i}: %json {json.dumps(_arguments(t))}"
              for i, t in enumerate(choice.tools)]
     call = " | ".join(f"fn_{i}" for i in range(len(choice.tools)))
     if fmt == "tags":
-        text = (f'start: call ("\\n" call)*\ncall: {OPEN} "\\n" body "\\n" {CLOSE}\nbody: {call}\n' + "\n".join(rules))
+        more = ' ("\\n" call)*' if parallel else ""
+        text = (f'start: call{more}\ncall: {OPEN} "\\n" body "\\n" {CLOSE}\nbody: {call}\n' + "\n".join(rules))
         return Grammar(text, trigger=OPEN if choice.kind == "auto" else None, field="tools")
-    text = ('start: "{\\"tool_calls\\": [" body (", " body)* "]}"\n' f"body: {call}\n" + "\n".join(rules))
+    more = ' (", " body)*' if parallel else ""
+    text = (f'start: "{{\\"tool_calls\\": [" body{more} "]}}"\n' f"body: {call}\n" + "\n".join(rules))
     return Grammar(text, field="tools")
 
 

@@ -188,6 +188,17 @@ def test_required_and_named_force_a_call_from_the_start(choice, kind):
     assert r.json()["choices"][0]["message"]["content"] is None
 
 
+@pytest.mark.parametrize("template", [TAGS_TEMPLATE, PLAIN_TEMPLATE])
+def test_parallel_tool_calls_false_allows_one_call(template):
+    with serve("x", template) as client:
+        for parallel in (True, False):
+            r = client.post(CHAT, json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                                        "parallel_tool_calls": parallel})
+            assert r.status_code == 200, r.text
+        many, one = (c["constraint"].text for c in client.engine.calls)
+    assert ("call)*" in many or "body)*" in many) and "call)*" not in one and "body)*" not in one
+
+
 def test_none_leaves_the_tools_out_and_reads_no_call():
     with serve() as client:
         r = client.post(CHAT, json={"messages": ASK, "tools": [WEATHER], "tool_choice": "none"})
