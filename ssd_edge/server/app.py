@@ -15,7 +15,6 @@ malformed request is always a 4xx, and the server keeps serving.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging

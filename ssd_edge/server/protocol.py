@@ -19,7 +19,6 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import MODES
-from .reply import FINISH_REASON, PROPOSER, Reply  # noqa: F401 (the responses' names, read here by older code)
 
 
 class APIError(Exception):

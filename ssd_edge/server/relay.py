@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import Counter
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from starlette.requests import Request

@@ -42,7 +42,7 @@ from ssd_edge.bench import schema  # noqa: E402
 from ssd_edge.config import EngineConfig  # noqa: E402
 from ssd_edge.engine import Engine  # noqa: E402
 from ssd_edge.events import FinishEvent, TokenEvent  # noqa: E402
-from ssd_edge.server import protocol  # noqa: E402
+from ssd_edge.server import reply  # noqa: E402
 
 GOLDEN = TESTS / "golden" / "fields.json"
 WRITE = "python tests/unit/test_golden_fields.py --write"
@@ -106,8 +106,8 @@ def vocabularies() -> dict[str, list[str]]:
         "Health (prespec.health, hit_rate_health)": list(typing.get_args(events.Health)),
         "MISS_REASONS (miss_reasons)": list(events.MISS_REASONS),
         "MODES (mode)": list(config.MODES),
-        "PROPOSER (rounds_by_proposer, rounds{proposer})": [f"{k}: {v}" for k, v in protocol.PROPOSER.items()],
-        "FINISH_REASON (finish_reason)": [f"{k}: {v}" for k, v in protocol.FINISH_REASON.items()],
+        "PROPOSER (rounds_by_proposer, rounds{proposer})": [f"{k}: {v}" for k, v in reply.PROPOSER.items()],
+        "FINISH_REASON (finish_reason)": [f"{k}: {v}" for k, v in reply.FINISH_REASON.items()],
     }
 
 
