@@ -29,19 +29,22 @@ from typing import Any, Iterator, Sequence
 from .config import EngineConfig, SamplingConfig
 from .coupling import Draws, fresh_seed
 from .errors import ConfigError, ContextFullError
-from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
+from .events import FinishEvent, Round, Stats, StopReason, TokenEvent, TokenLogprob
 from .generation import Generation
 from .llama.kvseq import Cancelled
 from .metrics import Ema, Meter
 from .pair import Pair
 from .planning import rounds as planned
 from .sampling import native_path
+from .structured.constraint import Constraint, compile as compile_constraint
+from .structured.rows import TOP_LOGPROBS_MAX
+from .structured.shaping import Shaping
 from .verify import verify
 
 log = logging.getLogger(__name__)
 
 Event = TokenEvent | FinishEvent
-PROVENANCE = {"none": "target", "draft": "draft", "prespec": "prespec", "ngram": "ngram"}
+PROVENANCE = {"none": "target", "draft": "draft", "prespec": "prespec", "ngram": "ngram", "grammar": "grammar"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Completion:
     tokens: tuple[int, ...]
     stop_reason: StopReason
     stats: Stats
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 class Engine(Pair):
@@ -139,16 +143,25 @@ class Engine(Pair):
         """Run a generation to the end and return its text and stats."""
         for ev in self.generate(prompt, **kwargs):
             if isinstance(ev, FinishEvent):
-                return Completion(ev.text, ev.tokens, ev.stop_reason, ev.stats)
+                return Completion(ev.text, ev.tokens, ev.stop_reason, ev.stats, ev.logprobs)
         raise AssertionError("generate() ended without a FinishEvent")  # pragma: no cover
 
     def generate(self, prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
                  tokens: Sequence[int] | None = None, max_tokens: int = 256, mode: str | None = None,
                  stop: Sequence[str] = (), cancel: threading.Event | None = None,
-                 sampling: SamplingConfig | None = None) -> Iterator[Event]:
-        """Yield a TokenEvent per round as tokens are committed, then one FinishEvent."""
+                 sampling: SamplingConfig | None = None, constraint: Constraint | None = None,
+                 logprobs: int | None = None) -> Iterator[Event]:
+        """Yield a TokenEvent per round as tokens are committed, then one FinishEvent.
+
+        constraint: what the answer must look like (structured.JsonSchema, JsonObject, Regex, Grammar);
+        every mode then gives mode ar's tokens under it. logprobs: each kept token's log-probability and
+        that many alternatives (0..20; TokenEvent.logprobs, FinishEvent.logprobs). A constraint that does
+        not compile raises ConstraintError here, before anything runs."""
         if max_tokens < 1:
             raise ConfigError("max_tokens must be at least 1")
+        if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS_MAX:
+            raise ConfigError(f"logprobs is from 0 to {TOP_LOGPROBS_MAX} alternatives, not {logprobs}")
+        compiled = compile_constraint(constraint, self.grammar_tokenizer()) if constraint is not None else None
         prompt_ids = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages)
         if not prompt_ids:
             raise ConfigError("the prompt is empty")
@@ -162,8 +175,10 @@ class Engine(Pair):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
             loaded_s = self.load_draft() if self.draft is None and self.uses_draft(mode) else None
-            yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(),
-                                 sampling or self.config.sampling, loaded_s)
+            s = sampling or self.config.sampling
+            shaping = Shaping(s, compiled, self.grammar_tokenizer() if compiled else None, self.target.is_eog)
+            yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(), s, loaded_s,
+                                 shaping, logprobs)
         finally:
             self._lock.release()
 
@@ -172,10 +187,12 @@ class Engine(Pair):
         step = self._step_ms.get(cfg.target.threads)
         return planned.build(mode, cfg, gen.sampling, gen.seed, gen.meter, gen.cancel.is_set, draft_kv=self.draft_kv,
                              n_draft_seqs=self.n_draft_seqs, step_ms=step.value if step is not None else None,
-                             profile=self.auto_profile() if mode in ("ssd", "auto") and self.has_draft else None)
+                             profile=self.auto_profile() if mode in ("ssd", "auto") and self.has_draft else None,
+                             shaping=gen.shaping, n_prompt=gen.n_prompt)
 
     def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
-             s: SamplingConfig, draft_load_s: float | None = None) -> Iterator[Event]:
+             s: SamplingConfig, draft_load_s: float | None = None, shaping: Shaping | None = None,
+             logprobs: int | None = None) -> Iterator[Event]:
         """One generation; draft_load_s: the draft model was loaded for it first, in that many seconds."""
         cfg = self.config
         if cfg.threads_follow_mode:
@@ -185,7 +202,7 @@ class Engine(Pair):
         meter.n_prompt, meter.cell_bytes, meter.state = len(prompt), self.draft_cell_bytes, mode
         gen = Generation(self.target, prompt, max_tokens, cfg.n_ctx, stop, cancel, s,
                          s.seed if s.seed is not None else fresh_seed(), meter,
-                         self._step_ms.setdefault(cfg.target.threads, Ema(None)))
+                         self._step_ms.setdefault(cfg.target.threads, Ema(None)), shaping, logprobs)
         rounds = self._rounds(mode, cfg, gen)
         try:
             while gen.can_go_on():
@@ -217,6 +234,8 @@ class Engine(Pair):
         draft, history, meter = prop.draft, gen.history, gen.meter
         t_verify = time.perf_counter()
         rounds.verifying(history, draft)
+        if gen.rows is not None:
+            gen.rows.round(draft.tokens)  # its rows follow the history, then the draft
         rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, gen.cancel.is_set)
         verify_s = time.perf_counter() - t_verify
         meter.target_busy_s += verify_s
@@ -228,9 +247,10 @@ class Engine(Pair):
         kept = gen.commit(tokens)
         wall_ms = (time.perf_counter() - t_round) * 1e3
         rounds.observe(prop, history, a, verify_s, wall_ms / (a + 1), rows[:a + 1])
+        f = min(prop.forced, a)  # accepted tokens a grammar forced: the draft's first
         return Round(len(meter.rounds), rounds.served, prop.speculator, prop.prespec, len(draft), a, wall_ms,
                      verify_s * 1e3, (t_verify - t_round) * 1e3, tokens,
-                     (PROVENANCE.get(prop.speculator, prop.speculator),) * a + ("target",)), kept
+                     ("grammar",) * f + (PROVENANCE.get(prop.speculator, prop.speculator),) * (a - f) + ("target",)), kept
 
     def _plain_run(self, gen: Generation, prop: planned.Proposal, t_round: float
                    ) -> tuple[Round, list[int]] | None:
@@ -240,7 +260,11 @@ class Engine(Pair):
         steps past a stop string ran, and are the history's to forget). None where the context cannot.
         The tokens are the rounds' own: the same draws from the same rows (native.steps is
         coupling.Drawer's C path; tests hold the two equal)."""
+        if gen.rows is not None:
+            gen.rows.round()  # the C loop hands its row hook each token it draws
         got = self.target_kv.steps(gen.history, min(gen.room, gen.remaining), prop.run_s, gen.drawer)
+        if gen.rows is not None:
+            gen.rows.check()
         if got is None:
             return None
         drawn, in_decode_s = got

@@ -10,11 +10,13 @@ from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
 # Where a committed token came from.
-Provenance = Literal["target", "draft", "prespec", "ngram"]
+Provenance = Literal["target", "draft", "prespec", "ngram", "grammar"]
 #   target : emitted by the target itself (plain decoding, or a round's recovery/bonus token)
 #   draft  : drafted by the draft model just in time, accepted by the target
 #   prespec: drafted ahead of time by SSD pre-speculation (a cache hit), accepted
 #   ngram  : proposed by the n-gram lookup drafter, accepted
+#   grammar: forced by the answer's grammar (structured output: its only continuation), proposed without a
+#            model, accepted
 # (a proposer of another kind names its drafts, and so its accepted tokens, by its own name: Proposer.kind)
 
 Speculator = Literal["none", "draft", "prespec", "ngram"]
@@ -43,6 +45,17 @@ def hit_rate_health(rate: float | None) -> Health:
     if rate is None:
         return "n/a"
     return "healthy" if rate >= HIT_RATE_HEALTHY else "poor" if rate < HIT_RATE_POOR else "fair"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability under the target at temperature 1, before the logit bias,
+    penalties, a grammar's mask and the sampling filters (OpenAI's logprobs), and the row's `top`
+    likeliest tokens with theirs, likeliest first (as many as the request asked for)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ class TokenEvent:
     provenance: tuple[Provenance, ...]  # one per token
     round: Round
     live: LiveStats
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per kept token, where the generation asked for them
 
     @property
     def rounds(self) -> int:
@@ -207,6 +221,7 @@ class Stats:
     positions: int = 0
     host_ms_per_position: float | None = None
     native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge/native.c), "numpy"
+    forced: int = 0                     # tokens the answer's grammar forced, proposed without a model (structured output)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))
@@ -248,3 +263,4 @@ class FinishEvent:
     stats: Stats
     message: str | None = None      # why, in words, when it is not an ordinary stop
     tail: str = ""                  # text not yet sent in a TokenEvent (a held-back stop-string prefix)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # the whole answer's, where the generation asked for them

@@ -16,9 +16,11 @@ from typing import NamedTuple, Sequence
 
 from .config import SamplingConfig
 from .coupling import Drawer
-from .events import FinishEvent, Round, Stats, StopReason, TokenEvent
+from .events import FinishEvent, Round, Stats, StopReason, TokenEvent, TokenLogprob
 from .interface import BackendModel
 from .metrics import Ema, Meter
+from .structured.rows import AnswerRows
+from .structured.shaping import Shaping
 
 
 class TextStream:
@@ -86,7 +88,7 @@ class Generation:
 
     def __init__(self, target: BackendModel, prompt: Sequence[int], max_tokens: int, n_ctx: int,
                  stop: Sequence[str], cancel: threading.Event, sampling: SamplingConfig, seed: int, meter: Meter,
-                 step_ms: Ema) -> None:
+                 step_ms: Ema, shaping: Shaping | None = None, logprobs: int | None = None) -> None:
         self.is_eog = target.is_eog
         self.n_prompt = len(prompt)
         self.history: list[int] = list(prompt)
@@ -97,11 +99,18 @@ class Generation:
         self.cancel = cancel
         self.sampling = sampling
         self.seed = seed
-        self.drawer = Drawer(sampling, seed)  # the target's draws, bound once (coupling.py)
+        # a constraint, bias or penalties shape each row before its draw, and logprobs read it first
+        # (structured/rows.py): the target's row hook; None where rows are drawn as they come
+        self.shaping = shaping if shaping is not None and shaping.active else None
+        self.rows = AnswerRows(self.shaping.cursor() if self.shaping else None, self.history, len(prompt), logprobs) \
+            if self.shaping is not None or logprobs is not None else None
+        self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
+        self.drawer = Drawer(sampling, seed, hook=self.rows)  # the target's draws, bound once (coupling.py)
         self.meter = meter
         self.step_ms = step_ms  # ms of a plain target step at these threads, over generations
         self.reason: StopReason | None = None
         self.message: str | None = None
+        self._kept_logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def room(self) -> int:
@@ -127,9 +136,15 @@ class Generation:
         """A round's tokens enter the history; the answer keeps them up to an end of generation, a
         stop string or max_tokens, which end it. Returns the kept ones."""
         new = self.take(tokens, self.max_tokens - len(self.out))  # (remaining)
+        first = len(self.history)
         self.history.extend(tokens)
         self.out.extend(new.tokens)
         self.reason = new.reason
+        if self.rows is not None:
+            self.rows.round()
+            if self.logprobs is not None:
+                self._kept_logprobs = self.rows.take_logprobs(first, new.tokens)
+                self.logprobs.extend(self._kept_logprobs)
         return new.tokens
 
     def take(self, tokens: Sequence[int], room: int) -> Committed:
@@ -149,8 +164,10 @@ class Generation:
     def event(self, rnd: Round, kept: Sequence[int]) -> TokenEvent:
         """What the round shows: its kept tokens, their provenance, the text that may be shown now."""
         self.meter.record(rnd, len(kept))
-        return TokenEvent(self.text.take(), tuple(kept), rnd.provenance[:len(kept)], rnd, self.meter.live())
+        return TokenEvent(self.text.take(), tuple(kept), rnd.provenance[:len(kept)], rnd, self.meter.live(),
+                          self._kept_logprobs if self.logprobs is not None else None)
 
     def finish(self, stats: Stats) -> FinishEvent:
         tail = self.text.finish()
-        return FinishEvent(self.text.text, tuple(self.out), self.reason or "length", stats, self.message, tail)
+        return FinishEvent(self.text.text, tuple(self.out), self.reason or "length", stats, self.message, tail,
+                           tuple(self.logprobs) if self.logprobs is not None else None)

@@ -104,6 +104,7 @@ class Meter:
         self.first_round_tokens = 0
         self.n_prompt = 0
         self.tokens = 0
+        self.forced = 0  # kept tokens a grammar forced (provenance "grammar")
         self.rounds: list[Round] = []
         self.steps = 0  # the rounds' target steps (a plain run of one C call stands for several)
         self.accepted_at = np.zeros(max(k or 1, 1) + 1, dtype=np.int64)  # accepted_at[i]: rounds accepting pos i
@@ -130,6 +131,8 @@ class Meter:
         self.rounds.append(r)
         self.steps += r.steps
         self.tokens += emitted
+        if "grammar" in r.provenance[:emitted]:
+            self.forced += r.provenance[:emitted].count("grammar")
         if len(self.rounds) == 1:
             self.first_round_tokens = emitted
         self.speculators[r.speculator] += r.steps
@@ -209,4 +212,5 @@ class Meter:
             speculators=dict(self.speculators), seed=seed, auto=AutoStats.of(auto) if auto is not None else None,
             first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,
             in_decode_s=in_decode_s, positions=positions,
-            host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None, native=native)
+            host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None, native=native,
+            forced=self.forced)

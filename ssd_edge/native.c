@@ -30,6 +30,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -71,6 +72,7 @@ typedef struct {
     float *scratch;
     Py_ssize_t n, cap, k;
     float t;
+    int finite;  /* keep no -inf (a grammar's refused tokens): they cannot be drawn */
 } Kept;
 
 /* raise t to the k-th largest kept value and drop what is below it; 0 if still full (ties) */
@@ -90,7 +92,7 @@ static int compact(Kept *s) {
 }
 
 static int keep(Kept *s, float v, int64_t i) {
-    if (!(v >= s->t)) return 1;
+    if (!(v >= s->t) || (s->finite && v == -INFINITY)) return 1;
     if (s->n == s->cap) {
         if (!compact(s)) return 0;
         if (!(v >= s->t)) return 1;
@@ -218,10 +220,14 @@ static int pass(Kept *s, const float *x, Py_ssize_t *i, Py_ssize_t end) {
 }
 
 /* The k largest of x[0..n-1] (1 <= k < n) into ids[0..k-1], in sampling.top_ids' order; 1 on success,
- * 0 where the numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls. */
-static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
+ * 0 where the numpy path must decide (NaN, ties past the buffer), -1 out of memory. No Python calls.
+ * got NULL: exactly k ids. got non-NULL: the finite ones alone (-inf is a token a grammar refused, which no
+ * draw can pick), k or fewer where fewer are finite (at least 1), their count in *got: the ids ascending,
+ * as top_ids orders a row's finite values when the k-th largest is -inf. */
+static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids, Py_ssize_t *got) {
     Kept s;
     s.k = k;
+    s.finite = got != NULL;
     s.cap = k * 4 > 256 ? k * 4 : 256;
     s.n = 0;
     s.t = -INFINITY;
@@ -237,6 +243,8 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
         group_maxima(x, groups, bound);
         memcpy(bound + groups, bound, (size_t)groups * sizeof(float));
         s.t = kth_largest(bound + groups, groups, k);
+        if (s.finite && s.t == -INFINITY) s.t = -FLT_MAX;  /* fewer than k groups hold a finite value (a grammar's
+                                                             * mask): the scans skip the refused, not test each */
         for (Py_ssize_t g = 0; ok == 1 && g < groups; g++) {
             if (!(bound[g] >= s.t)) continue;  /* nothing here reaches t, so nothing reaches the k-th */
             i = g * GROUP;
@@ -244,6 +252,7 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
         }
         i = groups * GROUP;
     }
+    if (s.finite && s.t == -INFINITY) s.t = -FLT_MAX;
     if (ok == 1) ok = pass(&s, x, &i, n);
     free(bound);
     for (; ok == 1 && i < n; i++) {
@@ -258,6 +267,10 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
             if (s.val[j] > edge) ids[m++] = s.id[j];
         for (Py_ssize_t j = 0; j < s.n && m < k; j++)
             if (s.val[j] == edge) ids[m++] = s.id[j];
+        if (got) *got = k;
+    } else if (ok == 1 && got != NULL && s.n >= 1) {  /* fewer than k finite: all of them, in row order */
+        for (Py_ssize_t j = 0; j < s.n; j++) ids[j] = s.id[j];
+        *got = s.n;
     } else if (ok == 1) {
         ok = 0;
     }
@@ -325,6 +338,37 @@ static PyObject *argmax(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(i);
 }
 
+/* mask(row, bits) -> None: a grammar's mask on a float32 row, in place (structured/shaping.apply_mask): -inf on
+ * every token whose bit is 0 (bit i of int32 word w is token 32 w + i) and past the mask's end. A word at a
+ * time: all-allowed words are skipped, all-refused ones written at once (a JSON grammar refuses most). */
+static PyObject *mask(PyObject *self, PyObject *args) {
+    Py_buffer row, bits;
+    if (!PyArg_ParseTuple(args, "w*y*", &row, &bits)) return NULL;
+    float *x = (float *)row.buf;
+    const uint32_t *w = (const uint32_t *)bits.buf;
+    const Py_ssize_t n = row.len / (Py_ssize_t)sizeof(float), words = bits.len / 4;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = 0;
+    for (Py_ssize_t j = 0; j < words && i < n; j++, i += 32) {
+        const uint32_t b = w[j];
+        if (b == 0xFFFFFFFFu) continue;
+        const Py_ssize_t end = i + 32 < n ? i + 32 : n;
+        if (b == 0) {
+            for (Py_ssize_t t = i; t < end; t++) x[t] = -INFINITY;
+        } else if (end - i == 32) {  /* only the refused ones: inside a JSON string, a few per word */
+            for (uint32_t r = ~b; r; r &= r - 1) x[i + __builtin_ctz(r)] = -INFINITY;
+        } else {
+            for (Py_ssize_t t = i; t < end; t++)
+                if (!((b >> (t - i)) & 1u)) x[t] = -INFINITY;
+        }
+    }
+    for (; i < n; i++) x[i] = -INFINITY;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&row);
+    PyBuffer_Release(&bits);
+    Py_RETURN_NONE;
+}
+
 static PyObject *top_ids(PyObject *self, PyObject *args) {
     Py_buffer buf;
     Py_ssize_t k;
@@ -342,7 +386,7 @@ static PyObject *top_ids(PyObject *self, PyObject *args) {
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = topk_core((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out));
+    ok = topk_core((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out), NULL);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (ok == 1) return out;
@@ -444,7 +488,7 @@ static int support_core(const float *x, Py_ssize_t n, Py_ssize_t k, double top_p
     int64_t *pair = malloc((size_t)k * 2 * sizeof(int64_t));
     int ok = (idx && p && z && rank && pair) ? 1 : -1;
     Py_ssize_t m = k;
-    if (ok == 1) ok = topk_core(x, n, k, idx);
+    if (ok == 1) ok = topk_core(x, n, k, idx, &m);  /* -inf (refused by a grammar) has p 0: never kept */
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < m; j++) z[j] = (double)x[idx[j]];
         if (top_p < 1.0) {  /* the smallest descending prefix whose mass (at temperature 1) reaches top_p */
@@ -571,7 +615,7 @@ static PyObject *head(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     int ok = (idx && sc && p) ? 1 : -1;
     Py_BEGIN_ALLOW_THREADS
-    if (ok == 1) ok = topk_core(x, n, k, idx);
+    if (ok == 1) ok = topk_core(x, n, k, idx, NULL);
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < k; j++) {
             sc[j].z = (double)x[idx[j]] / temperature;
@@ -704,8 +748,9 @@ typedef int32_t (*decode_fn)(void *ctx, llama_batch_t batch);
 typedef float *(*logits_fn)(void *ctx);
 typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
 /* A row's hook (coupling.RowHook's native form): called on each output row before its draw, with the drawn
- * token's position; it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). */
-typedef void (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position);
+ * token's position and the token decoded before it (the row's last input: the hook follows the answer
+ * with it); it may change the row in place (a grammar's mask sets -inf, penalties and a bias add). */
+typedef void (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous);
 
 /* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
  * a ctypes.Structure with these fields in this order (a buffer of another size is refused). The first
@@ -797,7 +842,7 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         in_decode += now_s() - t0;
         if (rc != 0) break;
         decoded++;
-        if (c.row_hook) c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1);
+        if (c.row_hook) c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1, t);
         int64_t next;
         if (k == 0) {
             next = argmax_core(row, n_vocab, bound);
@@ -882,6 +927,8 @@ static PyMethodDef methods[] = {
     {"steps", steps, METH_O,
      "steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
      "(llama.cpp's functions by address; top_k 0: greedy). call: ssd_edge.llama.context.StepsCall."},
+    {"mask", mask, METH_VARARGS,
+     "mask(row: writable float32 buffer, bits: int32 words) -> None: -inf where a token's bit is 0, and past the end."},
     {"argmax", argmax, METH_VARARGS, "argmax(row: float32 buffer) -> int: np.argmax's answer (first of ties, a NaN first)."},
     {"top_ids", top_ids, METH_VARARGS,
      "top_ids(row: float32 buffer, k) -> bytes of k int64 ids (above the k-th largest ascending, then equal "

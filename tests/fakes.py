@@ -52,19 +52,30 @@ def lm_logits(tokens: Sequence[int], disagree_every: int = 0) -> np.ndarray:
     return z
 
 
+# A vocabulary of one character a token (FakeModel(alphabet=ALPHABET)): enough for small JSON, so that a
+# grammar (structured output) can hold the fake model's answers; token t > 0 is ALPHABET[t - 1]
+ALPHABET = '{}[]":, abcdefghij0123456789-.\n'
+assert len(ALPHABET) == V - 1
+
+
 class FakeModel:
-    def __init__(self, name: str = "fake", disagree_every: int = 0) -> None:
+    def __init__(self, name: str = "fake", disagree_every: int = 0, alphabet: str | None = None) -> None:
         self.path = Path(f"/fake/{name}.gguf")
         self.n_vocab = V
         self.disagree_every = disagree_every
+        self.alphabet = alphabet
 
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
     def piece(self, token: int) -> bytes:
+        if self.alphabet is not None:
+            return self.alphabet[token - 1].encode() if token else b""
         return f"<{token}>".encode()
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        if self.alphabet is not None:
+            return [1 + self.alphabet.index(c) for c in text if c in self.alphabet]
         return [1 + (ord(c) % (V - 1)) for c in text]
 
     def render_chat(self, messages, add_assistant: bool = True) -> str:

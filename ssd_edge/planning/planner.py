@@ -45,12 +45,12 @@ Pure state and arithmetic on the engine thread: no models, no threads; tested wi
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence
 
 import numpy as np
 
-from ..speculation.drafters import EMPTY, Draft
+from ..speculation.drafters import EMPTY, Candidates, Draft
 from ..speculation.proposer import PLAIN, Ask, Decision, Offer, Proposer, Verified
 from .costs import Costs, describe_regime
 from .proposers import PreparedProposer, lengths
@@ -182,9 +182,10 @@ PLAIN_RUN_S = 0.1
 
 class Proposal(NamedTuple):
     draft: Draft
-    speculator: str          # who drafted it: none, draft, prespec, ngram, or a new proposer's own kind
+    speculator: str          # who drafted it: none, draft, prespec, ngram, grammar, or a new proposer's own kind
     prespec: str | None      # SSD lookups: hit, partial, miss
     run_s: float = 0.0       # a plain run: nothing drafted, plain steps for about this long in one call
+    forced: int = 0          # the draft's first tokens that a grammar forced (structured output)
 
 
 NOTHING = Proposal(EMPTY, "none", None)
@@ -215,6 +216,9 @@ class Rounds:
         self.policy = policy
         self.decision: Decision | None = None
         self.plain = planner.menu.kinds == {"plain"}  # mode ar: every round a plain step, nothing to plan
+        # a grammar's forced run after a history (structured/shaping.Cursor.forced), proposed first in every
+        # mode but ar (rounds.build sets it where the generation has a grammar)
+        self.forced: Callable[[list[int]], list[int]] | None = None
         self.runs = self.plain  # mode ar after the prompt: plain runs, while the target's context can make them
         self.prefilled = False  # the prompt's round has been observed
 
@@ -248,9 +252,27 @@ class Rounds:
         offers = [(p, o) for p in self.proposers if (o := p.offer(ask)) is not None]
         d = self.decision = self.planner.plan([(p.kind, o) for p, o in offers], room)
         chosen = next((p for p, _ in offers if p.kind == d.kind), None)
+        forced = self.forced(history)[:room] if self.forced is not None and d.kind != "prepared" else []
+        if forced:  # the grammar's only continuation goes first, free; the chosen proposer drafts after it
+            return self._after_forced(history, forced, chosen, d, room)
         draft = verifiable(chosen.propose(history, d) if chosen is not None else EMPTY, self.k_min)
         status = self.prepared.status if self.prepared is not None else None
         return Proposal(draft, draft.speculator if len(draft) else "none", status)
+
+    def _after_forced(self, history: list[int], forced: list[int], chosen: Proposer | None, d: Decision,
+                      room: int) -> Proposal:
+        """The grammar's forced run, then what the chosen proposer drafts after it (a prepared branch,
+        drawn under the grammar's masks, holds its own forced run already and is taken as it is)."""
+        inner = EMPTY
+        if chosen is not None and room > len(forced):
+            inner = verifiable(chosen.propose(history + forced, replace(d, m=min(d.m, room - len(forced)))),
+                               self.k_min)
+        cands = None
+        if inner.cands is not None or not len(inner):  # a forced token is the only candidate there
+            cands = tuple(Candidates(np.array([t]), np.ones(1)) for t in forced) + (inner.cands or ())
+        draft = Draft((*forced, *inner.tokens), inner.speculator if len(inner) else "grammar", cands, inner.match)
+        status = self.prepared.status if self.prepared is not None else None
+        return Proposal(draft, draft.speculator, status, forced=len(forced))
 
     def verifying(self, history: list[int], draft: Draft) -> None:
         """The target starts verifying `draft`: the worker prepares the next round beside it where the
@@ -266,7 +288,15 @@ class Rounds:
             return
         v = Verified(self.decision or PLAIN, prop.draft, accepted, history, rows, verify_s * 1e3, self.busy)
         self.planner.observe(v)
-        for p in self.proposers:
+        f = prop.forced
+        if f:  # the proposers see the part after the forced run, where the verify reached it
+            if accepted < f:
+                v = None
+            else:
+                inner = Draft(prop.draft.tokens[f:], prop.draft.speculator,
+                              prop.draft.cands[f:] if prop.draft.cands is not None else None, prop.draft.match)
+                v = v._replace(draft=inner, accepted=accepted - f, rows=rows[f:])
+        for p in self.proposers if v is not None else ():
             p.observe(v)
         if self.policy is not None:
             self.policy.observe_round(ms_per_token)

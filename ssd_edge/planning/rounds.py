@@ -11,6 +11,8 @@ from ..config import EngineConfig, SamplingConfig, split_threads, usable_cores
 from ..llama.kvseq import KVSeq
 from ..metrics import Meter
 from ..speculation.drafters import ModelDrafter, NgramDrafter
+from ..structured.rows import DraftRows, ForcedRuns
+from ..structured.shaping import Shaping
 from .acceptance import DraftAcceptance, NgramAcceptance
 from .costs import Costs
 from .planner import (DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, PLAIN_RUN_S, Planner, Proposal, Rounds,  # noqa: F401
@@ -79,9 +81,23 @@ def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile 
 
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
           cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
-          step_ms: float | None = None, profile: Profile | None = None) -> Rounds:
+          step_ms: float | None = None, profile: Profile | None = None, shaping: Shaping | None = None,
+          n_prompt: int = 0) -> Rounds:
     """The rounds of one generation in `mode`, priced by this device's profile where there is one
-    and a plain step as earlier generations timed it (step_ms)."""
+    and a plain step as earlier generations timed it (step_ms). shaping: the generation's constraint,
+    bias and penalties (structured/shaping.py), applied to the draft's rows as to the target's; a
+    grammar's forced runs go first in every round of a mode that drafts (n_prompt: where the answer
+    begins in a history)."""
+    rounds = _build(mode, cfg, sampling, seed, meter, cancelled, draft_kv, n_draft_seqs, step_ms, profile,
+                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None)
+    if shaping is not None and shaping.matcher is not None and not rounds.plain:
+        rounds.forced = ForcedRuns(shaping.cursor(), n_prompt)
+    return rounds
+
+
+def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
+           cancelled: Callable[[], bool], draft_kv: KVSeq | None, n_draft_seqs: int, step_ms: float | None,
+           profile: Profile | None, shape: DraftRows | None) -> Rounds:
     menu = MENUS[mode]
     beside = runs_beside(cfg)
     t, d = cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None
@@ -103,7 +119,7 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
     assert draft_kv is not None
     # (a draft's candidates are for the worker's outcome ranking alone)
     drafter = ModelDrafter(draft_kv, sampling, seed, cfg.spec.p_min, meter.draft_busy,
-                           p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0, candidates=runs_worker)
+                           p.saguaro_top, p.saguaro_factor if mode == "ssd" else 1.0, candidates=runs_worker, shape=shape)
     acceptance = DraftAcceptance(draft_cap, profile.acceptance.alpha if profile is not None else 0.7)
     worker = policy = prepared = None
     if runs_worker:

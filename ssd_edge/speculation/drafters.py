@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -157,7 +157,7 @@ class ModelDrafter:
 
     def __init__(self, kv: KVSeq, sampling: SamplingConfig, seed: int, p_min: float = 0.0,
                  busy: BusyClock | None = None, saguaro_top: int = 2, saguaro_factor: float = 1.0,
-                 candidates: bool = True) -> None:
+                 candidates: bool = True, shape: Any = None) -> None:
         self.ctx = kv.ctx
         self.kv = kv  # the main sequence; on a hit SSD's worker moves it onto the branch (KVSeq.adopt)
         self.sampling = sampling
@@ -174,6 +174,9 @@ class ModelDrafter:
         # the last extend(): (history tokens it had not read, ms reading them with the first row,
         # single draft steps after that, their ms); for the round planner's draft costs
         self.timing: tuple[int, float, int, float] | None = None
+        # the generation's row shaping (structured/rows.DraftRows: a grammar's mask, bias, penalties), applied
+        # to each row before its token is drawn, as the target's rows get it; None: rows as they come
+        self.shape = shape
 
     def pick(self, logits: np.ndarray, position: int, cand: Candidates | None = None) -> int:
         """The draft token for sequence position `position`, from one logit row. `cand`: the row's top
@@ -221,7 +224,10 @@ class ModelDrafter:
         t1 = time.perf_counter()
         steps, base, first = 0, len(full), len(toks)
         temperature = self.cand_temperature()
+        shape = self.shape
         while len(toks) < k:
+            if shape is not None:
+                shape(row, history, toks)
             top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
             if top1 is not None and top1 < self.p_min:
                 break

@@ -78,7 +78,7 @@ class Regex:
 class Grammar:
     text: str
     syntax: Literal["lark", "gbnf"] = "lark"
-    trigger: str | None = None  # a special token's text: the grammar applies from it on (it included)
+    trigger: str | None = None  # one token's text (a special token's): the grammar applies from it on (it included)
     field: str = "grammar"
 
     def source(self) -> str:
@@ -118,9 +118,9 @@ def compile(constraint: Constraint, tokenizer: Any) -> Compiled:
     trigger = None
     if isinstance(constraint, Grammar) and constraint.trigger is not None:
         ids = tokenizer.tokenize_str(constraint.trigger, parse_special=True)
-        if len(ids) != 1 or not tokenizer.is_special_token(ids[0]):
-            raise ConstraintError(constraint.field, f"the trigger {constraint.trigger!r} is not one special token "
-                                                    "of this model's vocabulary")
+        if len(ids) != 1:
+            raise ConstraintError(constraint.field, f"the trigger {constraint.trigger!r} is not one token of this "
+                                                    "model's vocabulary")
         trigger = ids[0]
     return Compiled(grammar, trigger, constraint)
 

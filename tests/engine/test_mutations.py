@@ -53,11 +53,11 @@ real_commit, real_truncate, real_adopt, real_propose, real_gumbel_draw, real_dra
 
 # (what is planted, where, the patch as (object, attribute, replacement), the check that must fail)
 MUTATIONS = {
-    "sampling-temperature": (coupling.Drawer, "__init__", lambda self, s, seed: real_drawer(
-                                 self, s.model_copy(update={"temperature": s.temperature * 1.1}), seed),
+    "sampling-temperature": (coupling.Drawer, "__init__", lambda self, s, seed, hook=None: real_drawer(
+                                 self, s.model_copy(update={"temperature": s.temperature * 1.1}), seed, hook),
                              distribution(FLAT)),
-    "sampling-min-p-dropped": (coupling.Drawer, "__init__", lambda self, s, seed: real_drawer(
-                                   self, s.model_copy(update={"min_p": 0.0}), seed),
+    "sampling-min-p-dropped": (coupling.Drawer, "__init__", lambda self, s, seed, hook=None: real_drawer(
+                                   self, s.model_copy(update={"min_p": 0.0}), seed, hook),
                                distribution(FILTERED)),
     "coupling-shared-noise": (coupling, "gumbel_draw", lambda ids, p, seed, position: real_gumbel_draw(ids, p, seed, 0),
                               distribution(FLAT)),

@@ -37,6 +37,7 @@ LAYERS = {
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/settings.py": ADAPTER,      # the flags' table that cli and server share; reads the catalog
     "ssd_edge/speculation/": SPECULATION,
+    "ssd_edge/structured/": SPECULATION,  # constraints, their tokenizer, a row's shaping, tool calls (llguidance)
     "ssd_edge/planning/": PLANNING,       # costs, planner, rounds, profile: what each round does
     "ssd_edge/engine.py": ENGINE,
     "ssd_edge/pair.py": ENGINE,           # the loaded target and draft, load and release

@@ -186,7 +186,8 @@ def test_kvseq_steps_draws_a_row_the_loop_left_and_holds_what_was_decoded(temper
     assert kv.steps([4, 4, 9], 2, 10.0, drawer) is None  # not all but the last token cached: the caller's rounds
 
 
-HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64)
+HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
+                        ctypes.c_int32)
 
 
 class BanTop:
@@ -195,6 +196,7 @@ class BanTop:
 
     def __init__(self) -> None:
         self.positions: list[int] = []
+        self.previous: list[int] = []  # the token decoded before each row, as the C loop tells it
         self._c = HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
         self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None)
 
@@ -202,7 +204,8 @@ class BanTop:
         self.positions.append(position)
         row[int(np.argmax(row))] = -np.inf
 
-    def _row(self, _user, row, n_vocab, position) -> None:
+    def _row(self, _user, row, n_vocab, position, previous) -> None:
+        self.previous.append(previous)
         self(np.ctypeslib.as_array(row, shape=(n_vocab,)), position)
 
 
@@ -218,6 +221,7 @@ def test_a_row_hook_changes_each_row_before_its_draw_in_c_as_in_python(draws):
     lib = Library(rows(5, seed=3))
     drawn, rc, _, decoded, undecided = lib.steps(token=2, pos=10, seq=0, most=5, draws=drawer.native)
     assert (rc, decoded, undecided) == (0, 5, 0) and in_c.positions == [11, 12, 13, 14, 15]
+    assert in_c.previous == [2, *drawn[:-1]]  # each row's last input: the first token, then each one drawn
     in_python = Drawer(s, draws[4], hook=BanTop())
     fresh = rows(5, seed=3)
     assert drawn == [in_python(row, 11 + i) for i, row in enumerate(fresh)]

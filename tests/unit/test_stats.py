@@ -23,7 +23,7 @@ OLD_KEYS = {
     "seed",
 }
 NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position",
-            "devices", "native"}  # added since; old readers ignore them
+            "devices", "native", "forced"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",

@@ -1,0 +1,137 @@
+"""The target's rows under a constraint: the row hook (coupling.RowHook) that shapes each of them before
+its draw, in the Python draw (a verify's rows, coupling.Draws) and in the C loop of plain steps alike,
+and the log-probabilities that a request for logprobs reads from them.
+
+A row at position p follows the answer up to p: the committed answer (the generation's history after
+its prompt) and, within a round, the drafted tokens before p (`ahead`: the draft a verify reads rows
+for; in the C loop, the tokens it has drawn so far, which it hands the hook one by one). A verify reads
+its rows in order and stops at the first rejection (verify.py), so every row it reads follows tokens
+that the target itself drew there: the draws are mode ar's under the same constraint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import numpy as np
+
+from ..events import TokenLogprob
+from ..sampling import top_ids
+from .shaping import Cursor
+
+# native.c's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row)
+_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
+                         ctypes.c_int32)
+TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
+
+
+class AnswerRows:
+    """The generation's row hook: history is the generation's own list (the prompt, then each committed
+    token), n_prompt its prompt's length. logprobs: None, or how many alternatives each token's
+    TokenLogprob carries (0..20); then each row is kept as it came, before any shaping, until read."""
+
+    def __init__(self, cursor: Cursor | None, history: list[int], n_prompt: int, logprobs: int | None = None) -> None:
+        self.cursor = cursor
+        self.history = history
+        self.n_prompt = n_prompt
+        self.ahead: list[int] = []  # the round's drafted tokens (a verify), or the C loop's drawn ones
+        self.logprobs = logprobs
+        self.raw: dict[int, np.ndarray] = {}  # position -> the row before shaping (logprobs only)
+        self._c = _HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
+        # logprobs keep a row copy per position: plain steps then go a round at a time, in Python
+        self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None) if logprobs is None else None
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self.error: BaseException | None = None
+
+    def round(self, draft: Sequence[int] = ()) -> None:
+        """A round starts: its rows follow the committed history, then `draft`."""
+        self.ahead = list(draft)
+
+    def __call__(self, row: np.ndarray, position: int) -> None:
+        if self.logprobs is not None:
+            self.raw[position] = np.array(row, dtype=np.float32, copy=True)
+        if self.cursor is not None:
+            j = position - len(self.history)
+            h = self.history
+            self.cursor(row, h[self.n_prompt:] + self.ahead[:j] if j > 0 else h[self.n_prompt:])
+
+    def _row(self, _user: int, row: ctypes.Array, n_vocab: int, position: int, previous: int) -> None:
+        """The C loop's call: the row after `previous`, which it drew (or, first, the history's last)."""
+        try:
+            if position - len(self.history) > len(self.ahead):
+                self.ahead.append(previous)
+            view = self._views.get((ctypes.addressof(row.contents), n_vocab))
+            if view is None:
+                view = np.ctypeslib.as_array(row, shape=(n_vocab,))
+                self._views = {(ctypes.addressof(row.contents), n_vocab): view}
+            self(view, position)
+        except BaseException as e:  # an exception cannot cross the C loop: kept, and raised after it
+            self.error = e
+
+    def check(self) -> None:
+        """Raise what the C loop's calls raised, if anything."""
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+    # ------------------------------------------------------------ logprobs
+    def take_logprobs(self, first: int, tokens: Sequence[int]) -> tuple[TokenLogprob, ...]:
+        """The kept tokens' logprobs (token i at position first + i), from the rows as they came; the
+        rows held for those positions and before are let go."""
+        out = []
+        for i, t in enumerate(tokens):
+            row = self.raw.get(first + i)
+            out.append(token_logprob(row, t, self.logprobs or 0) if row is not None else TokenLogprob(t, float("nan"), ()))
+        for p in [p for p in self.raw if p < first + len(tokens) + 1]:
+            del self.raw[p]
+        return tuple(out)
+
+
+def token_logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
+    """log softmax(row) at temperature 1 for `token` and the row's `top` likeliest (OpenAI's logprobs:
+    before bias, penalties, the grammar and the sampling filters)."""
+    x = row.astype(np.float64)
+    m = float(x.max())
+    lse = m + float(np.log(np.exp(x - m).sum()))
+    alts: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        ids = top_ids(row, min(top, len(row)))
+        ids = ids[np.lexsort((ids, -x[ids]))]  # likeliest first, ties to the lower id
+        alts = tuple((int(i), float(x[i] - lse)) for i in ids)
+    return TokenLogprob(int(token), float(x[token] - lse), alts)
+
+
+class DraftRows:
+    """The draft model's rows under the same shaping as the target's (a grammar's mask, the bias, the
+    penalties): shape(row, history, drafted) before each drafted token is drawn, so that a draft never
+    proposes what the target's masked row cannot draw. One per drafter: its thread alone calls it (the
+    engine's, or the pre-speculation worker's for every branch, each a prefix the cursor rolls to)."""
+
+    def __init__(self, cursor: Cursor, n_prompt: int) -> None:
+        self.cursor = cursor
+        self.n_prompt = n_prompt
+
+    def __call__(self, row: np.ndarray, history: Sequence[int], drafted: Sequence[int]) -> None:
+        self.cursor(row, [*history[self.n_prompt:], *drafted])
+
+    def forced(self, history: Sequence[int], drafted: Sequence[int]) -> list[int]:
+        """The grammar's forced run after history + drafted ([] where none, or no grammar)."""
+        if self.cursor.matcher is None:
+            return []
+        self.cursor.follow([*history[self.n_prompt:], *drafted])
+        return self.cursor.forced()
+
+
+class ForcedRuns:
+    """A grammar's forced run after a history (Rounds.forced): the tokens the grammar allows as the only
+    continuation, proposed first in a round, free (they cost no model; the target verifies them as any
+    draft, on masked rows, so another split of the same bytes would be the target's own to draw)."""
+
+    def __init__(self, cursor: Cursor, n_prompt: int) -> None:
+        self.cursor = cursor
+        self.n_prompt = n_prompt
+
+    def __call__(self, history: list[int]) -> list[int]:
+        self.cursor.follow(history[self.n_prompt:])
+        return self.cursor.forced()
