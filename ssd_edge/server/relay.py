@@ -99,7 +99,7 @@ class Relay:
                 async for item in job.items():
                     if isinstance(item, TokenEvent):
                         answer.sources.update(item.provenance)
-                        for chunk in reply.chunks(answer, item.text, getattr(item, "logprobs", None)):
+                        for chunk in reply.chunks(answer, item.text, item.logprobs):
                             yield json.dumps(chunk, ensure_ascii=False)
                     elif isinstance(item, FinishEvent) and item.stop_reason != "cancelled":
                         if answer.reader is not None:  # the held-back tail goes through the reader

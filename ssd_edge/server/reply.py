@@ -14,13 +14,10 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
-from ..events import FinishEvent
+from ..events import FinishEvent, TokenLogprob
 from ..structured.calls import Arguments, CallStart, Piece, Reader, Text
-
-if TYPE_CHECKING:
-    from ..events import TokenLogprob
 
 FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 TOOL_CALLS = "tool_calls"  # the finish reason of an answer that ended on its own with calls
@@ -97,7 +94,7 @@ class Reply:
     def whole(self, done: Sequence[tuple[Answer, FinishEvent]]) -> dict[str, Any]:
         choices = []
         for answer, finish in done:
-            logprobs = self.logprobs(getattr(finish, "logprobs", None), answer) if self.top is not None else None
+            logprobs = self.logprobs(finish.logprobs, answer) if self.top is not None else None
             if self.kind == "chat":
                 message: dict[str, Any] = {"role": "assistant", "content": finish.text}
                 reader = answer.reader
@@ -131,7 +128,7 @@ class Reply:
         choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
-    def chunks(self, answer: Answer, text: str, logprobs: Sequence["TokenLogprob"] | None,
+    def chunks(self, answer: Answer, text: str, logprobs: Sequence[TokenLogprob] | None,
                final: bool = False) -> list[dict[str, Any]]:
         """The chunks for one event's text (and its tokens' log-probabilities, on the first chunk);
         `final`: the reader is finished after this text."""
@@ -164,7 +161,7 @@ class Reply:
         return {**self._head(obj), "choices": [], "usage": self.usage(finishes)}
 
     # ------------------------------------------------------------ log-probabilities
-    def logprobs(self, entries: Sequence["TokenLogprob"] | None, answer: Answer) -> dict[str, Any] | None:
+    def logprobs(self, entries: Sequence[TokenLogprob] | None, answer: Answer) -> dict[str, Any] | None:
         if entries is None or self.piece is None or self.top is None:
             return None
         top = self.top
