@@ -35,7 +35,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def speculation(finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
     """How this answer was decoded: acceptance, pre-speculation hit rate, which proposer served
-    each round (plain, ngram, draft, prepared), and where each token came from.
+    each round (plain, ngram, draft, prepared), where each token came from, and how many tokens a
+    grammar forced (response_format, tools).
 
     rounds and rounds_by_proposer count every round; planner_decisions (mode auto) counts the rounds
     the planner chose. A round with no room to draft (the last token before max_tokens or a full context)
@@ -52,6 +53,7 @@ def speculation(finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
         "rounds": st.rounds,
         "rounds_by_proposer": {PROPOSER.get(k, k): v for k, v in st.speculators.items()},
         "tokens_by_source": dict(sources),
+        "forced": st.forced,  # tokens the answer's grammar forced (proposed without a model)
         "tokens_per_s": st.tokens_per_s,
         "ttft_s": st.ttft_s,
         "seed": st.seed,

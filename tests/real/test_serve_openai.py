@@ -2,7 +2,8 @@
 template knows `<tool_call>`; pulled on first use, ~0.4 GB): the structured surfaces end to end.
 
 json_schema strict answers that validate, json_object, each tool_choice (auto, none, required, a named
-function), streamed tool-call deltas that assemble to the whole call, a tool-result round trip,
+function; under auto this model, greedy, answers a tool question with a fenced JSON block rather than its
+`<tool_call>` token, so the call is shown with that token favoured by logit_bias), streamed tool-call deltas that assemble to the whole call, a tool-result round trip,
 logprobs of OpenAI's shapes (greedy picks the top one), penalties and logit_bias that change a greedy
 answer, n=2 (each choice the answer of its own seed), and a 400 naming the field for each kind of bad
 input. Lean: greedy where the answer is compared, a few dozen tokens each.
@@ -114,9 +115,17 @@ def weather_call(call) -> dict:
     return args
 
 
-def test_auto_calls_a_tool_for_a_question_it_needs(api):
+TOOL_CALL = 151657  # Qwen2.5's <tool_call> token
+
+
+def test_auto_is_free_text_until_the_model_opens_a_call(api):
     client, model = api
-    r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60)
+    # greedy, this model answers with a fenced JSON block, not its <tool_call> token: that stays content
+    free = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60).choices[0]
+    assert free.finish_reason in ("stop", "length") and not free.message.tool_calls and free.message.content
+    # with its <tool_call> token favoured, it opens a call, and from there the grammar makes it a valid one
+    r = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
+                                       logit_bias={str(TOOL_CALL): 100}, parallel_tool_calls=False)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
     call = choice.message.tool_calls[0]

@@ -53,7 +53,8 @@ MAPS = {
     "Stats.to_dict()": {"speculators", "prespec.miss_reasons", "devices", "auto.decisions", "auto.verify_ms"},
     "bench.json": {"libraries", "engine_configs", "runs[].miss_reasons", "runs[].modes_run", "runs[].auto.decisions",
                    "runs[].auto.verify_ms"},
-    "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions"},
+    "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions",
+               "choices[].logprobs.top_logprobs[]"},  # /v1/completions' {token text: logprob}
 }
 MAPS["generate --json"] = {f"stats.{p}" for p in MAPS["Stats.to_dict()"]}
 
@@ -183,6 +184,11 @@ def server() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         post("POST /v1/chat/completions (stream chunks)", "/v1/chat/completions", {**chat, **usage})
         post("POST /v1/completions", "/v1/completions", text)
         post("POST /v1/completions (stream chunks)", "/v1/completions", {**text, **usage})
+        logprobs = {"logprobs": True, "top_logprobs": 2}
+        post("POST /v1/chat/completions (logprobs)", "/v1/chat/completions", {**chat, **logprobs})
+        post("POST /v1/chat/completions (logprobs, stream chunks)", "/v1/chat/completions", {**chat, **logprobs,
+                                                                                          **usage})
+        post("POST /v1/completions (logprobs)", "/v1/completions", {**text, "logprobs": 2})
         for path in ("/health", "/v1/models", "/v1/models/fake"):
             bodies[f"GET {path}"] = [client.get(path).json()]
         bad = client.post("/v1/completions", json={**text, "n": 0})
