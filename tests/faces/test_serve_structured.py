@@ -387,3 +387,32 @@ def test_the_reader_reads_what_each_text_says():
     assert got[5] == ("<tool_call>\nnot json\n</tool_call> after", [])
     assert got[6] == ("", [("f", '{"q": "é"}'), ("g", "{}")])
     assert got[7] == ('{"a": 1}', []) and got[8] == ("Hello {x} ", [])
+
+
+# ---------------------------------------------------------------- logprobs on the fake pair (the real engine)
+
+def test_logprobs_in_openais_shapes_greedy_picks_the_top():
+    from test_serve import fake_engine
+
+    with TestClient(create_app(fake_engine(), model_id="fake")) as client:
+        chat = client.post(CHAT, json={"messages": ASK, "max_tokens": 6, "temperature": 0, "logprobs": True,
+                                       "top_logprobs": 3}).json()
+        stream = sse(client.post(CHAT, json={"messages": ASK, "max_tokens": 6, "temperature": 0, "logprobs": True,
+                                             "top_logprobs": 3, "stream": True}).text)
+        text = client.post(TEXT, json={"prompt": "x", "max_tokens": 6, "temperature": 0, "logprobs": 2}).json()
+        none = client.post(CHAT, json={"messages": ASK, "max_tokens": 2, "logprobs": True}).json()
+    entries = chat["choices"][0]["logprobs"]["content"]
+    assert len(entries) == 6 and "".join(e["token"] for e in entries) == chat["choices"][0]["message"]["content"]
+    for e in entries:
+        assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["token"] == e["token"]
+        assert e["top_logprobs"][0]["logprob"] == pytest.approx(e["logprob"]) and e["logprob"] <= 0
+        assert bytes(e["bytes"]).decode() == e["token"]
+    streamed = [e for c in stream if c["choices"] and c["choices"][0]["logprobs"]
+                for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == entries
+    lp = text["choices"][0]["logprobs"]
+    assert "".join(lp["tokens"]) == text["choices"][0]["text"]
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(6)]
+    for tok, logprob, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert len(top) == 2 and top[tok] == pytest.approx(logprob) == max(top.values())
+    assert all(e["top_logprobs"] == [] for e in none["choices"][0]["logprobs"]["content"])
