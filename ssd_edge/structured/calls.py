@@ -15,7 +15,8 @@ same message, which is what makes a streamed call assemble to the call a whole r
 
 Whitespace is held back until something follows it: leading and trailing blanks around calls are no
 content, while an answer without calls comes out byte for byte. A call that never completes (cut by
-max_tokens) keeps the arguments it got; a head that cannot be read is given back as content.
+max_tokens) keeps the arguments it got, one cut before its name was read is dropped; a tag followed
+by something other than a call's JSON is given back as content.
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ class Reader:
                 self._say(out, self._buf)
         elif self._state == "text" and self._buf and (not self.calls or self._buf.strip()):
             self._say(out, self._buf)
-        elif self._state == "head":
-            self._say(out, OPEN + self._buf)  # a call whose head never came: its text is content
+        elif self._state == "head" and self._buf.strip() and not self._buf.lstrip().startswith("{"):
+            self._say(out, OPEN + self._buf)  # not a call after all: its text is content
+        # (a call cut before its name and arguments were read, by max_tokens or a stop, is dropped)
         self._buf = ""
         return out
 

@@ -344,6 +344,7 @@ TEXTS = [
     ("tags", '<tool_call>\n{"arguments": {"x": 1}, "name": "g"}\n</tool_call>'),  # keys the other way round
     ("tags", '<tool_call>\n{"name": "g", "arguments": {"x": 1, "y'),             # cut by max_tokens
     ("tags", '<tool_call>\nnot json\n</tool_call> after'),
+    ("tags", 'Sure. <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "g",'),
     ("json", '  {"tool_calls": [{"name": "f", "arguments": {"q": "é"}}, {"name": "g", "arguments": {}}]}'),
     ("json", '{"a": 1}'),
     ("json", 'Hello {x} '),
@@ -385,8 +386,9 @@ def test_the_reader_reads_what_each_text_says():
     assert got[3] == ("", [("g", '{"x": 1}')])
     assert got[4] == ("", [("g", '{"x": 1, "y')])
     assert got[5] == ("<tool_call>\nnot json\n</tool_call> after", [])
-    assert got[6] == ("", [("f", '{"q": "é"}'), ("g", "{}")])
-    assert got[7] == ('{"a": 1}', []) and got[8] == ("Hello {x} ", [])
+    assert got[6] == ("Sure.", [("f", "{}")])  # the second call, cut before its arguments, is dropped
+    assert got[7] == ("", [("f", '{"q": "é"}'), ("g", "{}")])
+    assert got[8] == ('{"a": 1}', []) and got[9] == ("Hello {x} ", [])
 
 
 # ---------------------------------------------------------------- logprobs on the fake pair (the real engine)

@@ -142,15 +142,17 @@ def test_none_answers_in_text(api):
 def test_required_and_named_force_a_valid_call(api):
     client, model = api
     chat = [{"role": "user", "content": "Hello there!"}]  # nothing a tool is needed for: the grammar decides
+    # one call each (greedy, this model follows a call with another until max_tokens where it may)
     r = client.chat.completions.create(model=model, messages=chat, tools=TOOLS, tool_choice="required",
-                                       max_tokens=60)
+                                       max_tokens=60, parallel_tool_calls=False)
     calls = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and calls and r.choices[0].message.content is None
     assert {c.function.name for c in calls} <= {"get_weather", "get_time"}
     for c in calls:
         weather_call(c)
     named = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
-                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}},
+                                           parallel_tool_calls=False)
     calls = named.choices[0].message.tool_calls
     assert named.choices[0].finish_reason == "tool_calls"
     assert [c.function.name for c in calls] == ["get_time"] * len(calls)
@@ -158,6 +160,7 @@ def test_required_and_named_force_a_valid_call(api):
 
 
 def test_streamed_call_deltas_assemble_to_the_whole_call(api):
+    """Several calls, the last cut by max_tokens: the stream and the whole answer agree on all of it."""
     client, model = api
     whole = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
                                            tool_choice="required").choices[0]
@@ -177,7 +180,7 @@ def test_streamed_call_deltas_assemble_to_the_whole_call(api):
                 calls[tc.index] = {"name": tc.function.name, "arguments": ""}
             else:
                 calls[tc.index]["arguments"] += tc.function.arguments
-    assert content == "" and reasons[-1] == "tool_calls" and firsts == len(calls)
+    assert content == "" and reasons[-1] == whole.finish_reason and firsts == len(calls) >= 2
     assert [calls[i] for i in sorted(calls)] == [{"name": c.function.name, "arguments": c.function.arguments}
                                                  for c in whole.message.tool_calls]
 
@@ -185,12 +188,15 @@ def test_streamed_call_deltas_assemble_to_the_whole_call(api):
 def test_a_tool_result_round_trip(api):
     client, model = api
     first = client.chat.completions.create(model=model, messages=ASK, tools=TOOLS, max_tokens=60,
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           parallel_tool_calls=False)
     message = first.choices[0].message
     call = message.tool_calls[0]
     history = [*ASK, message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "sunny"}'}]
-    r = client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=40)
+    # the answer in words ("none": under "auto" this model writes another call as text)
+    r = client.chat.completions.create(model=model, messages=history, tools=TOOLS, tool_choice="none",
+                                       max_tokens=40)
     answer = r.choices[0].message
     assert r.choices[0].finish_reason in ("stop", "length") and not answer.tool_calls
     assert "21" in answer.content, answer.content  # the result reached the model
