@@ -3,7 +3,8 @@ template knows `<tool_call>`; pulled on first use, ~0.4 GB): the structured surf
 
 json_schema strict answers that validate, json_object, each tool_choice (auto, none, required, a named
 function; under auto this model, greedy, answers a tool question with a fenced JSON block rather than its
-`<tool_call>` token, so the call is shown with that token favoured by logit_bias), streamed tool-call deltas that assemble to the whole call, a tool-result round trip,
+`<tool_call>` token, so the call is shown with that token favoured by logit_bias), and, on the small pair
+through the engine, the generic JSON format of a template without tool tags, streamed tool-call deltas that assemble to the whole call, a tool-result round trip,
 logprobs of OpenAI's shapes (greedy picks the top one), penalties and logit_bias that change a greedy
 answer, n=2 (each choice the answer of its own seed), and a 400 naming the field for each kind of bad
 input. Lean: greedy where the answer is compared, a few dozen tokens each.
@@ -294,3 +295,26 @@ def test_bad_input_is_a_400_naming_the_field(api, fields, param):
         client.chat.completions.create(model=model, messages=ASK, max_tokens=4, extra_body=fields)
     err = e.value.response.json()["error"]
     assert err["param"] == param and err["message"].startswith(param.split("[")[0]), err
+
+
+# ---------------------------------------------------------------- the generic format, on the small pair
+
+def test_a_template_without_tags_calls_in_the_json_format(small_engine):
+    """SmolLM2's template knows no <tool_call>: the tools go in a system message, and under "required"
+    the whole answer is {"tool_calls": [...]}, read back as the calls (the engine and the reader the
+    server uses). Closed argument objects, one call: a 135M model otherwise invents keys for long."""
+    from ssd_edge.structured import calls, tools
+
+    closed = [{"type": "function", "function": {**t["function"], "parameters": {
+        **t["function"]["parameters"], "additionalProperties": False}}} for t in TOOLS]
+    assert tools.format_of(small_engine.chat_template()) == "json"
+    choice = tools.choose(tools.parse_tools(closed), "required")
+    text = small_engine.render_chat(ASK, closed)
+    assert "You can call these functions" in text and '"get_time"' in text
+    answer = small_engine.complete(tokens=small_engine.tokenize(text, parse_special=True), max_tokens=80, mode="sd",
+                                   constraint=tools.constraint(choice, "json", parallel=False),
+                                   sampling=small_engine.config.sampling.model_copy(update={"temperature": 0.0}))
+    assert answer.stop_reason == "eos", answer.text
+    read = calls.read(answer.text, "json", {"get_weather", "get_time"})
+    assert read.content == "" and len(read.calls) == 1, answer.text
+    assert read.calls[0].name in ("get_weather", "get_time") and isinstance(json.loads(read.calls[0].arguments), dict)
