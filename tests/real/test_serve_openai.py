@@ -3,11 +3,12 @@ template knows `<tool_call>`; pulled on first use, ~0.4 GB): the structured surf
 
 json_schema strict answers that validate, json_object, each tool_choice (auto, none, required, a named
 function; under auto this model, greedy, answers a tool question with a fenced JSON block rather than its
-`<tool_call>` token, so the call is shown with that token favoured by logit_bias), and, on the small pair
-through the engine, the generic JSON format of a template without tool tags, streamed tool-call deltas that assemble to the whole call, a tool-result round trip,
-logprobs of OpenAI's shapes (greedy picks the top one), penalties and logit_bias that change a greedy
-answer, n=2 (each choice the answer of its own seed), and a 400 naming the field for each kind of bad
-input. Lean: greedy where the answer is compared, a few dozen tokens each.
+`<tool_call>` token, so the call is shown with that token favoured by logit_bias), streamed tool-call
+deltas that assemble to the whole call, a tool-result round trip, logprobs of OpenAI's shapes (greedy
+picks the top one), penalties and logit_bias that change a greedy answer, n=2 (each choice the answer of
+its own seed), and a 400 naming the field for each kind of bad input. Last, on the small pair through the
+engine: the generic JSON tool format of a template without tool tags. Lean: greedy where answers are
+compared, a few dozen tokens each.
 """
 
 from __future__ import annotations
