@@ -27,6 +27,8 @@ from .llama.timing import DecodeTimer
 from .memory import BudgetPlan, MemoryUse, ModelCost, fit_budget, measure as measure_memory, rss_bytes
 from .models.catalog import resolve_model
 from .planning import rounds as planned
+from .structured.template import ChatTemplate
+from .structured.tools import needs_template, render as render_with_tools
 
 log = logging.getLogger(__name__)
 P = TypeVar("P", bound="Pair")  # a Pair or the Engine that extends it
@@ -234,9 +236,20 @@ class Pair:
         text (`<|im_start|>`) as those tokens."""
         return self.target.tokenize(text, add_special=True, parse_special=parse_special)
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The target's chat template applied to `messages`, with the assistant's turn opened."""
-        return self.target.render_chat(messages)
+    def render_chat(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> str:
+        """The target's chat template applied to `messages`, with the assistant's turn opened. Plain
+        role/text chats go through llama.cpp's renderer; with `tools` (OpenAI's), or tool calls and
+        results in the history, the GGUF's Jinja template renders them (structured/tools.py)."""
+        if not tools and not needs_template(messages):
+            return self.target.render_chat(messages)
+        return render_with_tools(self.chat_template(), self.target.render_chat, messages, tools)
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The target's Jinja chat template (None: the file has none, or a fake model)."""
+        text = self.target.chat_template() if hasattr(self.target, "chat_template") else None
+        if not text:
+            return None
+        return ChatTemplate(text, *self.target.bos_eos_text())
 
     def grammar_tokenizer(self) -> Any:
         """llguidance's tokenizer of the target's vocabulary (the draft shares it), built on first use

@@ -157,8 +157,14 @@ class Model:
 
     # ------------------------------------------------------------ chat
     def chat_template(self) -> str | None:
+        """The GGUF's Jinja chat template (`tokenizer.chat_template`), None where the file has none."""
         t = ll.llama_model_chat_template(self.ptr, None)
         return t.decode(errors="replace") if t else None
+
+    def bos_eos_text(self) -> tuple[str, str]:
+        """The start and end tokens' text, which a Jinja chat template may write (bos_token, eos_token)."""
+        return tuple(self.token_text(int(t)) if t >= 0 else ""  # type: ignore[return-value]
+                     for t in (ll.llama_vocab_bos(self.vocab), ll.llama_vocab_eos(self.vocab)))
 
     def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
         """Render messages with the GGUF's own chat template (llama.cpp's built-in renderer)."""

@@ -15,12 +15,11 @@ malformed request is always a 4xx, and the server keeps serving.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import time
-from collections import Counter
+from dataclasses import replace
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -36,19 +35,21 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..config import SamplingConfig, SpecConfig
-from ..errors import ContextFullError, SSDEdgeError
-from ..events import FinishEvent, TokenEvent
 from ..settings import reason
+from ..structured.constraint import ConstraintError
+from ..structured.tools import needs_template
 from .monitor import CONTENT_TYPE, Monitor
-from .protocol import APIError, ChatRequest, CompletionRequest, Reply, bad_request, parse
-from .scheduler import Failure, Job, QueueFull, Scheduler, ShuttingDown, Work
+from .protocol import APIError, ChatRequest, CompletionRequest, bad_request, short, parse
+from .relay import CLIENT_GONE, Relay
+from .reply import Reply
+from .scheduler import Scheduler, Work
+from .shape import Shape, check as check_shape, read as read_shape
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 4 << 20   # bytes; a 128k-token prompt is ~0.5 MB of JSON
 PUBLIC = {"/health"}  # paths that need no API key
 ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
-CLIENT_GONE = 499     # nginx's "client closed request": counted in /metrics, never seen by the client
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -179,16 +180,27 @@ class API:
     # ------------------------------------------------------------ completions
     async def chat(self, request: Request) -> Response:
         req: ChatRequest = parse(ChatRequest, await _json(request))
-        self._check(req)
+        top = self._check(req)
         messages = req.chat()
-        tokens = await run_in_threadpool(self.engine.prompt_tokens, None, messages)
-        return await self._respond(request, req, self._work(req, tokens, "messages"), Reply("chat", self.model_id,
-                                                                                              len(tokens)))
+        shape = self._shape(req, self.engine.chat_template() if req.tools else None)
+        if shape.constraint is not None:
+            await self._compile(shape)
+        if shape.listed or needs_template(messages):
+            prompt = await run_in_threadpool(_constrained(self.engine.render_chat), messages, shape.listed)
+            tokens = await run_in_threadpool(self.engine.tokenize, prompt, parse_special=True)
+        else:  # a plain chat: llama.cpp's renderer, as before tools existed
+            tokens = await run_in_threadpool(self.engine.prompt_tokens, None, messages)
+        works = self._works(req, tokens, "messages", shape, top)
+        return await self._respond(request, req, works, Reply("chat", self.model_id, len(tokens), self.engine.piece,
+                                                             top), shape)
 
     async def completions(self, request: Request) -> Response:
         req: CompletionRequest = parse(CompletionRequest, await _json(request))
-        self._check(req)
+        top = self._check(req)
         prompt = req.prompt_text_or_ids()
+        shape = self._shape(req, None)
+        if shape.constraint is not None:
+            await self._compile(shape)
         if isinstance(prompt, str):
             # special tokens parsed, as llama-server does: an editor's fill-in-the-middle prompt is made of them
             tokens = await run_in_threadpool(self.engine.tokenize, prompt, parse_special=True)
@@ -197,20 +209,46 @@ class API:
             if any(not 0 <= t < n_vocab for t in prompt):
                 raise bad_request(f"prompt: token ids must be in [0, {n_vocab})", "prompt")
             tokens = list(prompt)
-        return await self._respond(request, req, self._work(req, tokens, "prompt"), Reply("text", self.model_id,
-                                                                                            len(tokens)))
+        works = self._works(req, tokens, "prompt", shape, top)
+        return await self._respond(request, req, works, Reply("text", self.model_id, len(tokens), self.engine.piece,
+                                                             top), shape)
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_id:
             raise APIError(404, f"the model '{name}' does not exist here; this server serves '{self.model_id}' "
                            "(GET /v1/models)", param="model", code="model_not_found")
 
-    def _check(self, req: ChatRequest | CompletionRequest) -> None:
+    def _check(self, req: ChatRequest | CompletionRequest) -> int | None:
+        """The request's settings checked; the number of log-probability alternatives it asks."""
         self._check_model(req.model)
         req.refused()
         if req.mode in ("sd", "ssd") and not self.engine.has_draft:
             raise bad_request(f"mode: '{req.mode}' needs a draft model, and this server runs without one "
                               "(use ar, lookup or auto)", "mode")
+        return req.top()
+
+    @staticmethod
+    def _shape(req: ChatRequest | CompletionRequest, template: Any) -> Shape:
+        try:
+            return read_shape(req.response_format, req.tools, req.tool_choice, template, req.parallel_tool_calls)
+        except ConstraintError as e:
+            raise bad_request(str(e), e.field) from None
+
+    async def _compile(self, shape: Shape) -> None:
+        """The grammar compiled for the target's vocabulary now, so a bad one is a 400 before any header."""
+        try:
+            await run_in_threadpool(lambda: check_shape(shape, self.engine.grammar_tokenizer()))
+        except ConstraintError as e:
+            raise bad_request(str(e), e.field) from None
+
+    def _works(self, req: ChatRequest | CompletionRequest, tokens: list[int], prompt_param: str, shape: Shape,
+               top: int | None) -> list[Work]:
+        """One Work per answer: the same but for the seed (seed, seed + 1, ... where one is set)."""
+        work = self._work(req, tokens, prompt_param)
+        work = replace(work, constraint=shape.constraint, logprobs=top)
+        seed = work.sampling.seed
+        return [work if i == 0 or seed is None else
+                replace(work, sampling=work.sampling.model_copy(update={"seed": seed + i})) for i in range(req.n)]
 
     def _work(self, req: ChatRequest | CompletionRequest, tokens: list[int], prompt_param: str) -> Work:
         n_ctx = self.base.n_ctx
@@ -224,11 +262,16 @@ class API:
                      if getattr(req, k) is not None}
         if req.seed is not None:
             overrides["seed"] = None if req.seed == -1 else req.seed
+        overrides.update(req.shaping())
+        bias = overrides.get("logit_bias", {})
+        if any(t >= self.engine.n_vocab for t in bias):
+            raise bad_request(f"logit_bias: token ids are below {self.engine.n_vocab}, got {max(bias)}", "logit_bias")
         try:
             sampling = SamplingConfig.model_validate({**self.base.sampling.model_dump(), **overrides})
         except ValidationError as e:
             name = str(e.errors()[0]["loc"][0])
-            raise bad_request(f"{name}: {reason(e)}, got {overrides.get(name)!r}", name) from None
+            shown = overrides.get(name) if name != "logit_bias" else req.logit_bias
+            raise bad_request(f"{name}: {reason(e)}, got {short(shown)}", name) from None
         spec: dict[str, Any] = {}
         if req.speculative is not None:
             names = {"n_max": "k", "n_min": "k_min", "p_min": "p_min"}
@@ -241,87 +284,24 @@ class API:
         limit = req.limit() or self.default_max_tokens or n_ctx
         return Work(tokens, limit, req.mode, req.stops(), sampling, spec)
 
-    async def _respond(self, request: Request, req: ChatRequest | CompletionRequest, work: Work,
-                       reply: Reply) -> Response:
-        try:
-            job = self.scheduler.submit(work, asyncio.get_running_loop())
-        except QueueFull as e:
-            raise APIError(503, f"the server is busy ({self.scheduler.max_queue} requests already wait for the "
-                           f"model); retry in {e.retry_after} s", type="server_error", code="queue_full",
-                           headers={"Retry-After": str(e.retry_after)}) from None
-        except ShuttingDown:
-            raise _shutting_down() from None
+    async def _respond(self, request: Request, req: ChatRequest | CompletionRequest, works: list[Work],
+                       reply: Reply, shape: Shape) -> Response:
+        relay = Relay(self.scheduler, works, reply, shape.reader)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventSourceResponse(self._stream(job, reply, include_usage), ping=15,
-                                       shutdown_event=anyio.Event(), shutdown_grace_period=self.stream_grace_s)
-        return await self._whole(request, job, reply)
+            return EventSourceResponse(relay.stream(include_usage), ping=15, shutdown_event=anyio.Event(),
+                                       shutdown_grace_period=self.stream_grace_s)
+        return await relay.whole(request)
 
-    async def _whole(self, request: Request, job: Job, reply: Reply) -> Response:
-        watcher = asyncio.ensure_future(self._watch(request, job))
-        sources: Counter[str] = Counter()
+
+def _constrained(render: Any) -> Any:
+    """render_chat whose template errors (a ConstraintError on `messages`) are 400s."""
+    def call(messages: Any, tools: Any) -> str:
         try:
-            async for item in job.items():
-                if isinstance(item, TokenEvent):
-                    sources.update(item.provenance)
-                elif isinstance(item, FinishEvent) and item.stop_reason != "cancelled":
-                    return JSONResponse(reply.whole(item, sources))
-                else:
-                    raise _ended(job, item)
-            raise AssertionError("a job ended without a terminal item")  # pragma: no cover
-        finally:
-            watcher.cancel()
-            self.scheduler.withdraw(job)
-
-    async def _watch(self, request: Request, job: Job) -> None:
-        """Withdraw the job when the client disconnects (the body is read, so the next message is that)."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                self.scheduler.withdraw(job)
-                return
-
-    async def _stream(self, job: Job, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
-        """The job as server-sent events: chunks, the finishing chunk, [DONE] (or an error object)."""
-        sources: Counter[str] = Counter()
-        try:
-            if reply.kind == "chat":
-                yield json.dumps(reply.chunk("", role=True))
-            async for item in job.items():
-                if isinstance(item, TokenEvent):
-                    sources.update(item.provenance)
-                    if item.text:
-                        yield json.dumps(reply.chunk(item.text), ensure_ascii=False)
-                elif isinstance(item, FinishEvent) and item.stop_reason != "cancelled":
-                    yield json.dumps(reply.last_chunk(item, sources), ensure_ascii=False)
-                    if include_usage:
-                        yield json.dumps(reply.usage_chunk(item))
-                    yield "[DONE]"
-                else:  # headers are sent: the error travels as an event, as llama-server sends it
-                    yield json.dumps(_ended(job, item).body())
-        finally:  # also when the client disconnected and sse-starlette cancelled this generator
-            self.scheduler.withdraw(job)
-
-
-def _shutting_down() -> APIError:
-    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-
-
-def _ended(job: Job, item: FinishEvent | Failure) -> APIError:
-    """The error for a job that produced no answer: stopped, withdrawn, or failed."""
-    if isinstance(item, FinishEvent) or item.reason in ("withdrawn", "shutdown"):
-        if job.stopping:
-            done = f" after {len(item.tokens)} tokens" if isinstance(item, FinishEvent) else ""
-            e = _shutting_down()
-            e.message = f"the server is shutting down; the generation was stopped{done}"
-            return e
-        return APIError(CLIENT_GONE, "the client closed the request", type="cancelled")
-    err = item.error
-    if isinstance(err, ContextFullError):
-        return bad_request(str(err), code="context_length_exceeded")
-    if isinstance(err, SSDEdgeError) and err.exit_code == 2:  # ConfigError: a setting the request asked for
-        return bad_request(str(err))
-    return APIError(500, f"the generation failed: {type(err).__name__}: {err}", type="server_error")
+            return render(messages, tools)
+        except ConstraintError as e:
+            raise bad_request(str(e), e.field) from None
+    return call
 
 
 async def _json(request: Request) -> Any:

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..events import FinishEvent, TokenEvent
-from .protocol import PROPOSER
+from .reply import PROPOSER
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 disable_created_metrics()  # no *_created series: they double the page and no dashboard reads them

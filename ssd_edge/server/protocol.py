@@ -1,9 +1,12 @@
-"""The OpenAI wire format: request bodies in, response objects out, errors in OpenAI's shape.
+"""The OpenAI wire format: request bodies in, errors in OpenAI's shape (responses: reply.py).
 
 Requests are validated strictly (a string where a number belongs is a 400, as at OpenAI) and
 unknown fields are ignored (clients send their own extras, e.g. `user`, `cache_prompt`). Fields
-that would change the answer in a way this server cannot honour (n > 1, logprobs, tools,
-penalties, ...) are refused with a 400 that names them, rather than silently dropped.
+that would change the answer in a way this server cannot honour (best_of, the deprecated
+`functions`) are refused with a 400 that names them, rather than silently dropped. Each endpoint
+reads logprobs in its own OpenAI shape (top()): chat's `logprobs: true` + `top_logprobs`, the
+completions endpoint's `logprobs: N`. What the answer must look like (response_format, tools,
+tool_choice) is read by shape.py.
 
 Beyond OpenAI: llama.cpp's `top_k`, `min_p` and `speculative: {n_max, n_min, p_min}`, and
 `mode` (ar | sd | lookup | ssd | auto). Every response carries a `speculation` object.
@@ -11,15 +14,11 @@ Beyond OpenAI: llama.cpp's `top_k`, `min_p` and `speculative: {n_max, n_min, p_m
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections import Counter
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config import MODES
-from ..events import FinishEvent
 
 
 class APIError(Exception):
@@ -57,6 +56,10 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+MAX_N = 8              # answers per request (made one after another: n answers take n times as long)
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
 class _Generation(_Body):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -71,16 +74,18 @@ class _Generation(_Body):
     n: int = 1
     mode: str | None = None
     speculative: Speculative | None = None
-    # accepted only at their neutral values (see refused())
     logprobs: bool | int | None = None
     top_logprobs: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
-    best_of: int | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    # refused (see refused())
+    best_of: int | None = None
+    functions: list[Any] | None = None
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -89,25 +94,33 @@ class _Generation(_Body):
         return [s for s in stops if s]
 
     def refused(self) -> None:
-        """A 400 for fields this server cannot honour (at their neutral values they are fine)."""
-        if self.n != 1:
-            raise bad_request(f"n: only n = 1 is supported (one answer per request), got {self.n}", "n")
+        """A 400 for fields this server cannot honour, or values out of their range."""
+        if not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n: from 1 to {MAX_N} answers per request, got {self.n}", "n")
         if self.best_of not in (None, 1):
-            raise bad_request("best_of: only 1 is supported", "best_of")
-        if self.logprobs or self.top_logprobs:
-            raise bad_request("logprobs are not supported", "logprobs")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise bad_request(f"{name} is not supported (speculative decoding here is lossless "
-                                  "for the model's own distribution); leave it at 0", name)
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", "logit_bias")
-        if self.tools or self.functions:
-            raise bad_request("tools and function calling are not supported", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise bad_request("response_format: only {\"type\": \"text\"} is supported", "response_format")
+            raise bad_request("best_of: only 1 is supported (ask for n answers instead)", "best_of")
+        if self.functions:
+            raise bad_request("functions: the deprecated function-calling fields are not supported; send tools",
+                              "functions")
         if self.mode is not None and self.mode not in MODES:
             raise bad_request(f"mode: choose one of {', '.join(MODES)}, got {self.mode!r}", "mode")
+
+    def shaping(self) -> dict[str, Any]:
+        """The sampling changes the request asks for beyond the filters: penalties and logit_bias
+        (OpenAI's string token ids as ints; their range is SamplingConfig's to check)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in ("presence_penalty", "frequency_penalty")
+                               if getattr(self, k) is not None}
+        if self.logit_bias:
+            bias = {}
+            for key, value in self.logit_bias.items():
+                if not key.strip().isdigit():
+                    raise bad_request(f"logit_bias: keys are token ids (as strings), got {key!r}", "logit_bias")
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise bad_request(f"logit_bias: the bias of token {key} is a number from -100 to 100, got "
+                                      f"{short(value)}", "logit_bias")
+                bias[int(key)] = float(value)
+            out["logit_bias"] = bias
+        return out
 
 
 class _Part(_Body):
@@ -115,10 +128,23 @@ class _Part(_Body):
     text: str | None = None
 
 
+class _Function(_Body):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI sends a JSON string
+
+
+class _ToolCall(_Body):
+    id: str | None = None
+    type: str = "function"
+    function: _Function
+
+
 class Message(_Body):
     role: str
     content: str | list[_Part] | None = None
     name: str | None = None
+    tool_calls: list[_ToolCall] | None = None  # an assistant's calls, in the history
+    tool_call_id: str | None = None            # a tool message: the call it answers
 
     def text(self, i: int) -> str:
         if self.content is None:
@@ -133,15 +159,29 @@ class Message(_Body):
             parts.append(p.text)
         return "".join(parts)
 
+    def as_dict(self, i: int) -> dict[str, Any]:
+        """The message as the renderers take it: role and text, and a tool call's or result's fields."""
+        out: dict[str, Any] = {"role": ROLES[self.role], "content": self.text(i)}
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise bad_request(f"messages[{i}].tool_calls: only an assistant's message holds tool calls",
+                                  f"messages.{i}.tool_calls")
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                 for c in self.tool_calls]
+        if self.role == "tool":
+            out.update({k: v for k, v in (("tool_call_id", self.tool_call_id), ("name", self.name)) if v})
+        return out
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 class ChatRequest(_Generation):
     messages: list[Message]
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
-    def chat(self) -> list[dict[str, str]]:
+    def chat(self) -> list[dict[str, Any]]:
         if not self.messages:
             raise bad_request("messages: give at least one message", "messages")
         out = []
@@ -149,11 +189,24 @@ class ChatRequest(_Generation):
             if m.role not in ROLES:
                 raise bad_request(f"messages[{i}].role: choose one of {', '.join(ROLES)}, got {m.role!r}",
                                   f"messages.{i}.role")
-            out.append({"role": ROLES[m.role], "content": m.text(i)})
+            out.append(m.as_dict(i))
         return out
 
     def limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def top(self) -> int | None:
+        """Chat's shape: logprobs true or false, top_logprobs 0 to 20 (only with logprobs)."""
+        if self.logprobs is not None and not isinstance(self.logprobs, bool):
+            raise bad_request("logprobs: true or false for chat (top_logprobs says how many alternatives)",
+                              "logprobs")
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise bad_request("top_logprobs: needs \"logprobs\": true", "top_logprobs")
+            if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+                raise bad_request(f"top_logprobs: from 0 to {MAX_TOP_LOGPROBS}, got {self.top_logprobs}",
+                                  "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(_Generation):
@@ -172,6 +225,8 @@ class CompletionRequest(_Generation):
             raise bad_request("prompt: the prompt is empty", "prompt")
         if self.echo:
             raise bad_request("echo is not supported", "echo")
+        if self.tools or self.tool_choice is not None:
+            raise bad_request("tools: only /v1/chat/completions calls tools", "tools")
         if self.suffix:
             raise bad_request("suffix is not supported; put the model's fill-in-the-middle tokens in the prompt",
                               "suffix")
@@ -179,6 +234,17 @@ class CompletionRequest(_Generation):
 
     def limit(self) -> int | None:
         return self.max_tokens
+
+    def top(self) -> int | None:
+        """The completions shape: logprobs is the number of alternatives per token, 0 to 20."""
+        if self.top_logprobs is not None:
+            raise bad_request("top_logprobs: /v1/completions takes the count in logprobs", "top_logprobs")
+        if self.logprobs is None:
+            return None
+        if isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs: the number of alternatives per token, 0 to {MAX_TOP_LOGPROBS}, got "
+                              f"{self.logprobs!r}", "logprobs")
+        return self.logprobs
 
 
 def parse(kind: type[_Body], data: Any) -> Any:
@@ -192,7 +258,7 @@ def parse(kind: type[_Body], data: Any) -> Any:
         param = param_name(err["loc"])
         if err["type"] == "missing":
             raise bad_request(f"{param}: this field is required", param) from None
-        raise bad_request(f"{param}: {err['msg'].lower()}, got {_short(err.get('input'))}", param) from None
+        raise bad_request(f"{param}: {err['msg'].lower()}, got {short(err.get('input'))}", param) from None
 
 
 def param_name(loc: tuple[Any, ...]) -> str:
@@ -205,96 +271,6 @@ def param_name(loc: tuple[Any, ...]) -> str:
     return ".".join(out) or "body"
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-# ---------------------------------------------------------------- responses
-
-FINISH_REASON = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
-PROPOSER = {"none": "plain", "draft": "draft", "prespec": "prepared", "ngram": "ngram"}
-
-
-def new_id(kind: Literal["chat", "text"]) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def speculation(finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
-    """How this answer was decoded: acceptance, pre-speculation hit rate, which proposer served
-    each round (plain, ngram, draft, prepared), and where each token came from.
-
-    rounds and rounds_by_proposer count every round; planner_decisions (mode auto) counts the rounds
-    the planner chose. A round with no room to draft (the last token before max_tokens or a full context)
-    is a plain step taken without asking it, so planner_decisions may sum to one less than rounds."""
-    st, pre = finish.stats, finish.stats.prespec
-    out = {
-        "mode": st.mode,
-        "acceptance_rate": st.acceptance_rate,
-        "drafted": st.drafted,
-        "accepted": st.accepted,
-        "hit_rate": pre.hit_rate,
-        "hit_rate_health": pre.health,
-        "prespec": {"lookups": pre.lookups, "hits": pre.hits, "partial_hits": pre.partial_hits, "misses": pre.misses},
-        "rounds": st.rounds,
-        "rounds_by_proposer": {PROPOSER.get(k, k): v for k, v in st.speculators.items()},
-        "tokens_by_source": dict(sources),
-        "tokens_per_s": st.tokens_per_s,
-        "ttft_s": st.ttft_s,
-        "seed": st.seed,
-    }
-    if st.auto is not None:
-        out["planner_decisions"] = dict(st.auto.decisions)
-    return out
-
-
-class Reply:
-    """Builds the response objects of one request (whole or streamed chunks) in one place."""
-
-    def __init__(self, kind: Literal["chat", "text"], model: str, prompt_tokens: int) -> None:
-        self.kind, self.model, self.prompt_tokens = kind, model, prompt_tokens
-        self.id = new_id(kind)
-        self.created = int(time.time())
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def whole(self, finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
-        reason = FINISH_REASON.get(finish.stop_reason, "stop")
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": finish.text}, "logprobs": None,
-                      "finish_reason": reason}
-            out = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": finish.text, "logprobs": None, "finish_reason": reason}
-            out = self._head("text_completion")
-        return {**out, "choices": [choice], "usage": usage(self.prompt_tokens, len(finish.tokens)),
-                "speculation": speculation(finish, sources)}
-
-    def chunk(self, text: str | None = None, *, role: bool = False, finish_reason: str | None = None
-              ) -> dict[str, Any]:
-        if self.kind == "chat":
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if text is not None:
-                delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice]}
-
-    def last_chunk(self, finish: FinishEvent, sources: Counter[str]) -> dict[str, Any]:
-        """The chunk that carries the finish reason (and the `speculation` object)."""
-        out = self.chunk(finish.tail or ("" if self.kind == "text" else None),
-                         finish_reason=FINISH_REASON.get(finish.stop_reason, "stop"))
-        out["speculation"] = speculation(finish, sources)
-        return out
-
-    def usage_chunk(self, finish: FinishEvent) -> dict[str, Any]:
-        """stream_options.include_usage: one more chunk with no choices and the usage, as OpenAI sends it."""
-        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(self.prompt_tokens, len(finish.tokens))}

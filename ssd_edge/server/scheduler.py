@@ -39,6 +39,8 @@ class Work:
     stop: list[str]
     sampling: SamplingConfig
     spec: dict[str, Any] = field(default_factory=dict)  # engine.configure() changes for this request only
+    constraint: Any = None           # a structured.Constraint the answer must follow (None: free text)
+    logprobs: int | None = None      # alternatives per token's log-probability (None: none)
 
 
 class Failure(NamedTuple):
@@ -187,8 +189,9 @@ class Scheduler:
         try:
             if w.spec:
                 eng.configure(**w.spec)
+            shaped = {k: v for k, v in (("constraint", w.constraint), ("logprobs", w.logprobs)) if v is not None}
             events = eng.generate(tokens=w.tokens, max_tokens=w.max_tokens, mode=w.mode, stop=w.stop,
-                                  cancel=job.cancel, sampling=w.sampling)
+                                  cancel=job.cancel, sampling=w.sampling, **shaped)
             try:
                 for ev in events:
                     if isinstance(ev, TokenEvent):

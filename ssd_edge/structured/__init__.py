@@ -4,6 +4,9 @@ constraint.py   what an answer must look like, and its grammar (compile, Constra
 tokenizer.py    llguidance's tokenizer of a model's vocabulary, built once per loaded model
 shaping.py      a row's shaping before its draw: logit bias, penalties, the grammar's mask
 forced.py       the grammar's forced tokens as a proposer: drafts that cost no model
+template.py     a GGUF's Jinja chat template, rendered as Hugging Face does (prompts with tools)
+tools.py        OpenAI tools and tool_choice: the prompt and the grammar of a call
+calls.py        tool calls read out of an answer's text, streamed or whole
 """
 
 from .constraint import Compiled, Constraint, ConstraintError, Grammar, JsonObject, JsonSchema, Regex, compile, parse_schema

@@ -273,16 +273,17 @@ BAD = [  # (path, body: dict or raw bytes, status, param)
     (CHAT, {**OK_CHAT, "temperature": -1}, 400, "temperature"),
     (CHAT, {**OK_CHAT, "top_p": 0}, 400, "top_p"),
     (CHAT, {**OK_CHAT, "stream": "yes"}, 400, "stream"),
-    (CHAT, {**OK_CHAT, "n": 2}, 400, "n"),
+    (CHAT, {**OK_CHAT, "n": 0}, 400, "n"),
+    (CHAT, {**OK_CHAT, "n": 99}, 400, "n"),
     (CHAT, {**OK_CHAT, "model": "gpt-4"}, 404, "model"),
     (CHAT, {**OK_CHAT, "mode": "turbo"}, 400, "mode"),
     (CHAT, {**OK_CHAT, "speculative": {"n_max": 0}}, 400, "speculative.n_max"),
     (CHAT, {**OK_CHAT, "speculative": {"p_min": 1.5}}, 400, "speculative.p_min"),
     (CHAT, {**OK_CHAT, "stop": 5}, 400, "stop"),
     (CHAT, {**OK_CHAT, "stop": [str(i) for i in range(17)]}, 400, "stop"),
-    (CHAT, {**OK_CHAT, "logprobs": True}, 400, "logprobs"),
-    (CHAT, {**OK_CHAT, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    (CHAT, {**OK_CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
+    (CHAT, {**OK_CHAT, "logprobs": 5}, 400, "logprobs"),
+    (CHAT, {**OK_CHAT, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
+    (CHAT, {**OK_CHAT, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
     (CHAT, {}, 400, "messages"),
     (CHAT, {"messages": []}, 400, "messages"),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
@@ -295,7 +296,7 @@ BAD = [  # (path, body: dict or raw bytes, status, param)
     (TEXT, {"prompt": "x", "echo": True}, 400, "echo"),
     (TEXT, {"prompt": "x", "suffix": "y"}, 400, "suffix"),
     (TEXT, {"prompt": "x" * 2000}, 400, "prompt"),
-    (TEXT, {"prompt": "x", "n": 3}, 400, "n"),
+    (TEXT, {"prompt": "x", "n": -3}, 400, "n"),
 ]
 
 
@@ -500,7 +501,7 @@ def test_metrics_agree_with_the_answers(live):
     srv = live(fake_engine(3, delay=0.02, draft_delay=0.001, threads=(1, 1)))
     answers = [httpx.post(srv.url + TEXT, json={"prompt": p, "max_tokens": 30, "mode": mode}, timeout=10).json()
                for p, mode in (("aa", "ssd"), ("bb", "auto"), ("cc", "sd"))]
-    httpx.post(srv.url + TEXT, json={"prompt": "x", "n": 2})
+    httpx.post(srv.url + TEXT, json={"prompt": "x", "n": 0})
     m = srv.metrics()
     specs = [a["speculation"] for a in answers]
     assert metric(m, "ssd_edge_requests_total", endpoint=TEXT, status="200") == 3
@@ -719,7 +720,7 @@ def test_real_server_with_the_openai_client(small_pair, tmp_path):
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
         import openai
         with pytest.raises(openai.BadRequestError):
-            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=2)
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], n=99)
         with pytest.raises(openai.AuthenticationError):
             OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
         proc.send_signal(signal.SIGTERM)

@@ -42,7 +42,7 @@ from ssd_edge.bench import schema  # noqa: E402
 from ssd_edge.config import EngineConfig  # noqa: E402
 from ssd_edge.engine import Engine  # noqa: E402
 from ssd_edge.events import FinishEvent, TokenEvent  # noqa: E402
-from ssd_edge.server import protocol  # noqa: E402
+from ssd_edge.server import reply  # noqa: E402
 
 GOLDEN = TESTS / "golden" / "fields.json"
 WRITE = "python tests/unit/test_golden_fields.py --write"
@@ -53,7 +53,8 @@ MAPS = {
     "Stats.to_dict()": {"speculators", "prespec.miss_reasons", "devices", "auto.decisions", "auto.verify_ms"},
     "bench.json": {"libraries", "engine_configs", "runs[].miss_reasons", "runs[].modes_run", "runs[].auto.decisions",
                    "runs[].auto.verify_ms"},
-    "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions"},
+    "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions",
+               "choices[].logprobs.top_logprobs[]"},  # /v1/completions' {token text: logprob}
 }
 MAPS["generate --json"] = {f"stats.{p}" for p in MAPS["Stats.to_dict()"]}
 
@@ -106,8 +107,8 @@ def vocabularies() -> dict[str, list[str]]:
         "Health (prespec.health, hit_rate_health)": list(typing.get_args(events.Health)),
         "MISS_REASONS (miss_reasons)": list(events.MISS_REASONS),
         "MODES (mode)": list(config.MODES),
-        "PROPOSER (rounds_by_proposer, rounds{proposer})": [f"{k}: {v}" for k, v in protocol.PROPOSER.items()],
-        "FINISH_REASON (finish_reason)": [f"{k}: {v}" for k, v in protocol.FINISH_REASON.items()],
+        "PROPOSER (rounds_by_proposer, rounds{proposer})": [f"{k}: {v}" for k, v in reply.PROPOSER.items()],
+        "FINISH_REASON (finish_reason)": [f"{k}: {v}" for k, v in reply.FINISH_REASON.items()],
     }
 
 
@@ -183,9 +184,14 @@ def server() -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         post("POST /v1/chat/completions (stream chunks)", "/v1/chat/completions", {**chat, **usage})
         post("POST /v1/completions", "/v1/completions", text)
         post("POST /v1/completions (stream chunks)", "/v1/completions", {**text, **usage})
+        logprobs = {"logprobs": True, "top_logprobs": 2}
+        post("POST /v1/chat/completions (logprobs)", "/v1/chat/completions", {**chat, **logprobs})
+        post("POST /v1/chat/completions (logprobs, stream chunks)", "/v1/chat/completions", {**chat, **logprobs,
+                                                                                          **usage})
+        post("POST /v1/completions (logprobs)", "/v1/completions", {**text, "logprobs": 2})
         for path in ("/health", "/v1/models", "/v1/models/fake"):
             bodies[f"GET {path}"] = [client.get(path).json()]
-        bad = client.post("/v1/completions", json={**text, "n": 2})
+        bad = client.post("/v1/completions", json={**text, "n": 0})
         assert bad.status_code == 400
         bodies["an error (any 4xx/5xx)"] = [bad.json()]
         page = client.get("/metrics").text
