@@ -37,6 +37,7 @@ from .pair import Pair
 from .planning import rounds as planned
 from .sampling import native_path
 from .structured.constraint import Constraint, compile as compile_constraint
+from .structured.tools import Tools
 from .structured.rows import TOP_LOGPROBS_MAX
 from .structured.shaping import Shaping
 from .verify import verify
@@ -54,6 +55,7 @@ class Completion:
     stop_reason: StopReason
     stats: Stats
     logprobs: tuple[TokenLogprob, ...] | None = None
+    tool_calls: tuple[dict[str, Any], ...] | None = None  # under constraint=Tools(...): the calls (OpenAI's form)
 
 
 class Engine(Pair):
@@ -143,6 +145,10 @@ class Engine(Pair):
         """Run a generation to the end and return its text and stats."""
         for ev in self.generate(prompt, **kwargs):
             if isinstance(ev, FinishEvent):
+                tools = kwargs.get("constraint")
+                if isinstance(tools, Tools):  # the text is the answer's content, the calls apart
+                    content, calls = tools.read(ev.text, self.chat_template())
+                    return Completion(content, ev.tokens, ev.stop_reason, ev.stats, ev.logprobs, tuple(calls))
                 return Completion(ev.text, ev.tokens, ev.stop_reason, ev.stats, ev.logprobs)
         raise AssertionError("generate() ended without a FinishEvent")  # pragma: no cover
 
@@ -153,7 +159,8 @@ class Engine(Pair):
                  logprobs: int | None = None) -> Iterator[Event]:
         """Yield a TokenEvent per round as tokens are committed, then one FinishEvent.
 
-        constraint: what the answer must look like (structured.JsonSchema, JsonObject, Regex, Grammar);
+        constraint: what the answer must look like (structured.JsonSchema, JsonObject, Regex, Grammar, or
+        Tools: OpenAI's tools, rendered into the chat's prompt, the answer held to tool_choice's calls);
         every mode then gives mode ar's tokens under it. logprobs: each kept token's log-probability and
         that many alternatives (0..20; TokenEvent.logprobs, FinishEvent.logprobs). A constraint that does
         not compile raises ConstraintError here, before anything runs."""
@@ -161,6 +168,11 @@ class Engine(Pair):
             raise ConfigError("max_tokens must be at least 1")
         if logprobs is not None and not 0 <= logprobs <= TOP_LOGPROBS_MAX:
             raise ConfigError(f"logprobs is from 0 to {TOP_LOGPROBS_MAX} alternatives, not {logprobs}")
+        if isinstance(constraint, Tools):  # the tools go into the chat's prompt, the call grammar onto the answer
+            if messages is None:
+                raise ConfigError("tools need chat messages: their prompt is the model's chat template with the tools")
+            tokens = self.tokenize(self.render_chat(messages, list(constraint.tools)), parse_special=True)
+            constraint = constraint.grammar(self.chat_template())
         compiled = compile_constraint(constraint, self.grammar_tokenizer()) if constraint is not None else None
         prompt_ids = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages)
         if not prompt_ids:

@@ -151,6 +151,7 @@ class Run:
     stats: Stats
     provenance: list[str] = field(default_factory=list)  # per output token: target, draft, prespec, ngram
     sampling: SamplingConfig | None = None  # None: greedy; else its settings and (fixed) seed
+    constraint: object = None  # structured output's constraint the run was held to (ssd_edge.structured)
 
     def pick(self, i: int, row: np.ndarray) -> int:
         """The token the run's rule takes at output position i from `row`: the argmax, or the coupled draw."""
@@ -200,7 +201,8 @@ TIES: list[Tie] = []  # every tie of the session, for the summary
 FIRST_RUNS: dict[tuple[int, str, str], "Run"] = {}  # (engine id, mode label, prompt) -> first speculative run
 
 
-def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling: SamplingConfig | None = None) -> Run:
+def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling: SamplingConfig | None = None,
+             constraint=None) -> Run:
     assert sampling is None or sampling.greedy or sampling.seed is not None, "a sampled run to prove needs a seed"
     # Start from an empty target cache, so the run's batches are exactly those it records
     # (otherwise a previous generation's cached prefix would change the first batch).
@@ -209,7 +211,7 @@ def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling: Sa
     prov: list[str] = []
     rounds: list[tuple[int, int]] = []
     fin = None
-    for ev in engine.generate(tokens=prompt, max_tokens=max_tokens, mode=mode, sampling=sampling):
+    for ev in engine.generate(tokens=prompt, max_tokens=max_tokens, mode=mode, sampling=sampling, constraint=constraint):
         if isinstance(ev, TokenEvent):
             # an event of plain steps made in one call (mode ar) carries several rounds: one token each
             rounds.extend((len(out) + i, ev.round.drafted) for i in range(ev.rounds))
@@ -219,7 +221,7 @@ def generate(engine, prompt: list[int], mode: str, max_tokens: int, sampling: Sa
             fin = ev
     assert isinstance(fin, FinishEvent) and tuple(out) == fin.tokens
     assert fin.stop_reason in ("eos", "length"), fin
-    return Run(list(prompt), out, rounds, fin.stop_reason, fin.stats, prov, sampling)
+    return Run(list(prompt), out, rounds, fin.stop_reason, fin.stats, prov, sampling, constraint)
 
 
 def fresh_target_context(engine):
@@ -409,3 +411,46 @@ def report_ties() -> None:
         for t in TIES:
             print(f"  {t.mode:12s} {t.prompt:14s} token {t.position:3d}: ar {t.tokens[0]} {t.ar_logits}, "
                   f"spec {t.tokens[1]} {t.spec_logits}")
+
+
+def shaped(engine, run: Run, i: int, row: np.ndarray) -> np.ndarray:
+    """`row` (the run's row at output position i) as the run drew from it: under its constraint's mask and
+    its bias and penalties after its own first i tokens (structured/shaping.py)."""
+    from ssd_edge.structured import compile as compile_constraint
+    from ssd_edge.structured.shaping import Shaping
+
+    s = run.sampling or engine.config.sampling
+    tok = engine.grammar_tokenizer()
+    compiled = compile_constraint(run.constraint, tok) if run.constraint is not None else None
+    out = np.array(row, dtype=np.float32, copy=True)
+    Shaping(s, compiled, tok if compiled else None, engine.target.is_eog).cursor()(out, run.out[:i])
+    return out
+
+
+def check_constrained(engine, prompt: list[int], modes, constraint, max_new: int,
+                      sampling: SamplingConfig | None = None) -> dict[str, int]:
+    """Every mode gives ar's tokens under `constraint` (each run from an empty target cache). A difference
+    is accepted only as a proven near-tie of the shaped rows (as diagnose() proves one of plain rows: each
+    run's token is its own shaped row's pick, both candidates within the tolerance in both rows), and the
+    comparison of that mode ends there. Returns, per mode, the tokens compared."""
+    ar = generate(engine, prompt, "ar", max_new, sampling, constraint)
+    compared = {}
+    tol = tolerance(engine)
+    for mode in modes:
+        spec = generate(engine, prompt, mode, max_new, sampling, constraint)
+        i = first_difference(ar, spec)
+        if i is None:
+            compared[mode] = len(ar.out)
+            continue
+        la, ls = (shaped(engine, r, i, replay(engine, r, [i])[i]) for r in (ar, spec))
+        ta, ts = token_at(engine, ar, i, la), token_at(engine, spec, i, ls)
+        (a_own, a_other), scale = ar.scores(i, la, (ta, ts))
+        (s_own, s_other), _ = spec.scores(i, ls, (ts, ta))
+        detail = (f"{mode} under {type(constraint).__name__}: position {i}: ar {ta}, {mode} {ts}; scores in ar's "
+                  f"row {a_own:.4f} vs {a_other:.4f}, in {mode}'s {s_own:.4f} vs {s_other:.4f}")
+        assert ar.pick(i, la) == ta and spec.pick(i, ls) == ts, f"not lossless, the replay differs: {detail}"
+        assert a_own - a_other <= tol.tie * scale and s_own - s_other <= tol.tie * scale, \
+            f"not lossless, not a near-tie: {detail}"
+        warnings.warn(NearTieWarning(detail))
+        compared[mode] = i
+    return compared
