@@ -37,7 +37,7 @@ from .pair import Pair
 from .planning import rounds as planned
 from .sampling import native_path
 from .structured.constraint import Constraint, compile as compile_constraint
-from .structured.tools import Tools
+from .structured.calls import Tools
 from .structured.rows import TOP_LOGPROBS_MAX
 from .structured.shaping import Shaping
 from .verify import verify

@@ -11,7 +11,7 @@ calls.py        tool calls read out of an answer's text, streamed or whole
 """
 
 from .constraint import Compiled, Constraint, ConstraintError, Grammar, JsonObject, JsonSchema, Regex, compile, parse_schema
-from .tools import Tools
+from .calls import Tools
 
 __all__ = ["Compiled", "Constraint", "ConstraintError", "Grammar", "JsonObject", "JsonSchema", "Regex", "Tools",
            "compile", "parse_schema"]

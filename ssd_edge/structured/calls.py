@@ -25,9 +25,11 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Collection, Union
+from typing import Any, Collection, Sequence, Union
 
-from .tools import CLOSE, OPEN, Format
+from .constraint import Grammar
+from .template import ChatTemplate
+from .tools import CLOSE, OPEN, Format, choose, constraint, format_of, parse_tools
 
 
 @dataclass(frozen=True)
@@ -253,3 +255,25 @@ def read(text: str, fmt: Format, names: Collection[str] = ()) -> Reader:
     reader.feed(text)
     reader.finish()
     return reader
+
+
+@dataclass(frozen=True)
+class Tools:
+    """The Python API's tools (Engine.generate's constraint=Tools(...)): OpenAI's tool list, tool_choice and
+    parallel_tool_calls. The engine renders them into the chat's prompt with the model's own template and
+    holds the answer to the call grammar that tool_choice asks for; read(text) gives the answer's content
+    and calls (Completion.tool_calls)."""
+
+    tools: Sequence[dict[str, Any]]
+    choice: Any = "auto"
+    parallel: bool = True
+    field: str = "tools"
+
+    def grammar(self, template: ChatTemplate | None) -> Grammar | None:
+        return constraint(choose(parse_tools(self.tools), self.choice), format_of(template), self.parallel)
+
+    def read(self, text: str, template: ChatTemplate | None) -> tuple[str, list[dict[str, Any]]]:
+        reader = Reader(format_of(template), [t.name for t in parse_tools(self.tools)])
+        reader.feed(text)
+        reader.finish()
+        return reader.content, [c.as_openai() for c in reader.calls]

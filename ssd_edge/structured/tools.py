@@ -226,26 +226,3 @@ def needs_template(messages: Sequence[dict[str, Any]]) -> bool:
     """Whether the history holds tool calls or results (which llama.cpp's renderer cannot take)."""
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 
-
-@dataclass(frozen=True)
-class Tools:
-    """The Python API's tools (Engine.generate's constraint=Tools(...)): OpenAI's tool list, tool_choice and
-    parallel_tool_calls. The engine renders them into the chat's prompt with the model's own template and
-    holds the answer to the call grammar that tool_choice asks for; read(text) gives the answer's content
-    and calls (Completion.tool_calls)."""
-
-    tools: Sequence[dict[str, Any]]
-    choice: Any = "auto"
-    parallel: bool = True
-    field: str = "tools"
-
-    def grammar(self, template: ChatTemplate | None) -> Grammar | None:
-        return constraint(choose(parse_tools(self.tools), self.choice), format_of(template), self.parallel)
-
-    def read(self, text: str, template: ChatTemplate | None) -> tuple[str, list[dict[str, Any]]]:
-        from .calls import Reader
-
-        reader = Reader(format_of(template), [t.name for t in parse_tools(self.tools)])
-        reader.feed(text)
-        reader.finish()
-        return reader.content, [c.as_openai() for c in reader.calls]
