@@ -35,7 +35,8 @@ LAYERS = {
                                           "progress", "sampling", "coupling", "verify", "stats_text")},
     "ssd_edge/native.c": LEAF,           # compiled: a row's top-k, the priced backend's busy wait
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
-    "ssd_edge/settings.py": ADAPTER,      # the flags' table that cli and server share; reads the catalog
+    "ssd_edge/options.py": LEAF,          # the flags' table that cli and server share
+    "ssd_edge/settings.py": ADAPTER,      # the flags' layers and their EngineConfig; reads the catalog
     "ssd_edge/speculation/": SPECULATION,
     "ssd_edge/structured/": SPECULATION,  # constraints, their tokenizer, a row's shaping, tool calls (llguidance)
     "ssd_edge/planning/": PLANNING,       # costs, planner, rounds, profile: what each round does
