@@ -186,9 +186,11 @@ def test_sampled_lossless_small_pair(small_engine, user_engine, sampled_ar, mode
     # the speculation was exercised: drafts verified, some accepted, some rejected
     assert drafted > accepted, (mode, drafted, accepted)
     # auto chooses its rounds by measured cost (on this pair mostly plain steps); the n-gram lookup's
-    # copies rarely survive temperature 1.3 on these prompts (34 drafted, 0 accepted on an AMD EPYC),
-    # so its acceptance path is exercised at 0.7 (the same verify as every mode's)
-    if mode != "auto" and not (mode == "lookup" and temperature > 1.0):
+    # copies rarely survive sampling on these prompts (34 drafted, 0 accepted at 1.3 on an AMD EPYC; 10
+    # drafted, 0 accepted at 0.7 on the users split of an AVX2-only one, whose sampled answers differ), so
+    # its acceptance is exercised greedy (test_greedy_lossless_small_pair) and by sd and ssd here: the
+    # same verify, the same coupled acceptance rule
+    if mode not in ("auto", "lookup"):
         assert accepted > 0, (mode, drafted, accepted)
     if mode == "ssd" and split == "1+1":  # tokens from pre-speculation hits, where the worker has a core of
         assert provenance.get("prespec", 0) > 0, provenance  # its own (at 2+2 on 2 cores it rarely finishes a branch)

@@ -1,8 +1,9 @@
 """llama.cpp's memory flags on the small real pair (issue 23): every KV cache type and flash-attention
-setting keeps every mode lossless (greedy: each mode gives ar's tokens at the same settings, no
-near-tie allowed: on this pair batched and one-token rows are bitwise equal), the flags reach the
-engine from the command line, a refused combination is one line and exit 2, and -ngl on a machine
-without a GPU says so."""
+setting keeps every mode lossless (greedy: each mode gives ar's tokens at the same settings; a
+difference passes only as a proven near-tie, at most 3 an answer: on AVX-512 CPUs this pair's batched
+and one-token rows are bitwise equal, but on an AVX2-only one f16 without flash attention they are not,
+and sd parted from ar at 2 near-ties in 24 tokens of the fibonacci answer, rows within 0.70), the flags reach the engine from the
+command line, a refused combination is one line and exit 2, and -ngl on a machine without a GPU says so."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import pytest
 
 from conftest import make_engine
-from lossless_check import first_difference, generate
+from lossless_check import Tally, compare_prompt, generate
 from prompts import PROMPTS
 from ssd_edge.llama.backend import FLASH_ATTN, KV_TYPES, gpu_offload_supported
 from ssd_edge.llama.library import ll
@@ -39,8 +40,9 @@ def test_every_mode_gives_ars_tokens_at_each_kv_type(small_pair, k, v, fa):
             ar = generate(eng, ids, "ar", 24)
             assert len(ar.out) > 0
             for mode in MODES:
-                run = generate(eng, ids, mode, 24)
-                assert first_difference(ar, run) is None, (p.name, mode, ar.out, run.out)
+                tally = Tally()
+                compare_prompt(eng, p, mode, mode, ar, tally, 24, max_ties=3)
+                assert tally.compared + len(tally.ties) >= len(ar.out), (p.name, mode, tally)  # every token seen
 
 
 def test_memory_flags_from_the_command_line(small_pair):
