@@ -151,12 +151,39 @@ class DraftRows:
 class ForcedRuns:
     """A grammar's forced run after a history (Rounds.forced): the tokens the grammar allows as the only
     continuation, proposed first in a round, free (they cost no model; the target verifies them as any
-    draft, on masked rows, so another split of the same bytes would be the target's own to draw)."""
+    draft, on masked rows, so another split of the same bytes would be the target's own to draw).
+
+    Their acceptance is learned as a proposer's is: a rate that starts from a prior of 1 (PRIOR rounds'
+    worth of accepted tokens) and counts each verified forced token, accepted or the first refused. A
+    run is cut where the chance of reaching its next token falls under FLOOR: decided from earlier
+    rounds alone, before the run is proposed."""
+
+    PRIOR = 4.0   # pseudo-tokens, all accepted
+    FLOOR = 0.1   # the least chance of reaching a forced token worth a verify position
 
     def __init__(self, cursor: Cursor, n_prompt: int) -> None:
         self.cursor = cursor
         self.n_prompt = n_prompt
+        self.verified = self.accepted = self.PRIOR
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.verified
 
     def __call__(self, history: list[int]) -> list[int]:
         self.cursor.follow(history[self.n_prompt:])
-        return self.cursor.forced()
+        run = self.cursor.forced()
+        p = self.acceptance
+        if run and p < 1.0:
+            reach, keep = 1.0, 0
+            while keep < len(run) and reach * p >= self.FLOOR:  # the first forced token's reach is p
+                reach *= p
+                keep += 1
+            run = run[:max(keep, 1)]  # one at least: a forced token still holds what the grammar allows
+        return run
+
+    def observe(self, forced: int, accepted: int) -> None:
+        """A round verified `forced` forced tokens first and accepted `accepted` tokens of its draft."""
+        if forced:
+            self.accepted += min(accepted, forced)
+            self.verified += min(accepted + 1, forced)

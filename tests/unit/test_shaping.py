@@ -175,3 +175,29 @@ def test_a_failed_fill_is_raised_and_the_filler_goes_on():
     assert allowed(s, "", good) == "{"
     good.prefetch()
     good._settle()
+
+
+def test_forced_runs_learn_their_acceptance_from_a_prior_of_one():
+    """Forced tokens go whole while they are accepted; refused ones lower the rate, and a run is then cut
+    where the chance of reaching its next token is under the floor (one token at least)."""
+    from ssd_edge.structured.rows import ForcedRuns
+
+    class Run:
+        def follow(self, answer):
+            pass
+
+        def forced(self):
+            return list(range(12))
+
+    runs = ForcedRuns(Run(), 0)
+    assert runs([]) == list(range(12)) and runs.acceptance == 1.0
+    runs.observe(12, 20)  # all accepted: still 1
+    assert runs.acceptance == 1.0 and len(runs([])) == 12
+    for _ in range(6):
+        runs.observe(12, 0)  # the first forced token refused, round after round
+    p = runs.acceptance
+    assert 0 < p < 0.8
+    assert len(runs([])) == max(1, int(np.floor(np.log(ForcedRuns.FLOOR) / np.log(p) + 1e-9)))
+    for _ in range(40):
+        runs.observe(12, 0)
+    assert runs([]) == [0]
