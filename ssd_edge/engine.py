@@ -171,7 +171,8 @@ class Engine(Pair):
         if isinstance(constraint, Tools):  # the tools go into the chat's prompt, the call grammar onto the answer
             if messages is None:
                 raise ConfigError("tools need chat messages: their prompt is the model's chat template with the tools")
-            tokens = self.tokenize(self.render_chat(messages, list(constraint.tools)), parse_special=True)
+            offered = list(constraint.tools) if constraint.offered else None
+            tokens = self.tokenize(self.render_chat(messages, offered), parse_special=True)
             constraint = constraint.grammar(self.chat_template())
         compiled = compile_constraint(constraint, self.grammar_tokenizer()) if constraint is not None else None
         prompt_ids = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages)
@@ -275,8 +276,6 @@ class Engine(Pair):
         if gen.rows is not None:
             gen.rows.round()  # the C loop hands its row hook each token it draws
         got = self.target_kv.steps(gen.history, min(gen.room, gen.remaining), prop.run_s, gen.drawer)
-        if gen.rows is not None:
-            gen.rows.check()
         if got is None:
             return None
         drawn, in_decode_s = got

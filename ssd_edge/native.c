@@ -280,6 +280,18 @@ static int topk_core(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids, P
     return ok;
 }
 
+/* topk_core's k ids where the row holds k finite values; where a grammar's mask left fewer, the finite ones
+ * (ascending) and then the lowest refused ids: the order of sampling.top_ids' numpy path when the k-th
+ * largest is -inf (above it ascending, then ties at it to the lower ids), found without a whole-row sort */
+static int topk_padded(const float *x, Py_ssize_t n, Py_ssize_t k, int64_t *ids) {
+    Py_ssize_t m = 0;
+    int ok = topk_core(x, n, k, ids, &m);
+    if (ok != 1 || m >= k) return ok;
+    for (Py_ssize_t i = 0; i < n && m < k; i++)
+        if (x[i] == -INFINITY) ids[m++] = (int64_t)i;
+    return m == k ? 1 : 0;
+}
+
 /* np.argmax of x[0..n-1] (n >= 1): the first index of its largest value, or of its first NaN where it has
  * one. The groups' maxima (one vectorised pass), then the first group that holds the largest, value by
  * value; the tail after the last whole group value by value. A NaN, or +inf, takes numpy's order pass. */
@@ -371,7 +383,7 @@ static PyObject *top_ids(PyObject *self, PyObject *args) {
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = topk_core((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out), NULL);
+    ok = topk_padded((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out));
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (ok == 1) return out;
@@ -600,7 +612,7 @@ static PyObject *head(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     int ok = (idx && sc && p) ? 1 : -1;
     Py_BEGIN_ALLOW_THREADS
-    if (ok == 1) ok = topk_core(x, n, k, idx, NULL);
+    if (ok == 1) ok = topk_padded(x, n, k, idx);
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < k; j++) {
             sc[j].z = (double)x[idx[j]] / temperature;
@@ -865,6 +877,30 @@ typedef _Bool (*is_eog_fn)(const void *vocab, int32_t token);
  * to be drawn under the mask at steps_call.mask (the hook filled it; masked_draw_core), else 0. */
 typedef int32_t (*row_hook_fn)(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous);
 
+/* A row hook that calls a Python callable (its user pointer, a borrowed reference the caller keeps alive) as
+ * callable(row address or 0, n_vocab, position, previous) -> int, with the interpreter's lock taken for the
+ * call. What it raises, a KeyboardInterrupt that arrives as it starts included, stays set on the calling
+ * thread and the hook returns -1: the loop stops and steps() raises it (a ctypes callback would print it as
+ * "Exception ignored" and go on). */
+static int32_t py_row_hook(void *user, float *row, int64_t n_vocab, int64_t position, int32_t previous) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    int32_t out = -1;
+    PyObject *r = PyObject_CallFunction((PyObject *)user, "KLLi", (unsigned long long)(uintptr_t)row,
+                                        (long long)n_vocab, (long long)position, (int)previous);
+    if (r != NULL) {
+        const long v = PyLong_AsLong(r);
+        Py_DECREF(r);
+        out = v == -1 && PyErr_Occurred() ? -1 : (v == 1);
+    }
+    PyGILState_Release(g);
+    return out;
+}
+
+/* row_hook_address() -> the address of py_row_hook, for a StepsCall's row_hook (its user: id(callable)) */
+static PyObject *row_hook_address(PyObject *self, PyObject *unused) {
+    return PyLong_FromVoidPtr((void *)py_row_hook);
+}
+
 /* steps()'s one argument, read from a buffer of exactly this layout: ssd_edge/llama/context.py's StepsCall,
  * a ctypes.Structure with these fields in this order (a buffer of another size is refused). The first
  * eight are a context's and stay the same from call to call; the rest are one call's. */
@@ -940,6 +976,7 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
     }
     Py_ssize_t n = 0, decoded = 0;
     int rc = 0, status = 1;  /* support_core's answer: 1 drawn, 0 not its to draw, -1 out of memory */
+    int hook_failed = 0;
     double in_decode = 0.0;
     Py_BEGIN_ALLOW_THREADS
     const double start = now_s();
@@ -957,8 +994,12 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         in_decode += now_s() - t0;
         if (rc != 0) break;
         decoded++;
-        const int masked = c.row_hook && c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1, t) == 1
-                           && c.mask != NULL;
+        const int32_t hooked = c.row_hook ? c.row_hook(c.row_hook_user, (float *)row, n_vocab, (int64_t)p + 1, t) : 0;
+        if (hooked < 0) {  /* the hook failed: raised after the loop (py_row_hook left its exception set) */
+            hook_failed = 1;
+            break;
+        }
+        const int masked = hooked == 1 && c.mask != NULL;
         int64_t next;
         if (masked) {
             status = masked_draw_core((float *)row, n_vocab, c.mask, c.mask_words, k, c.top_p, c.min_p, c.temperature,
@@ -980,12 +1021,20 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
         if (n >= most || c.is_eog(c.vocab, (int32_t)next) || now_s() - start >= c.seconds) break;
         /* the token is drawn, and decoded next: the hook may start on the next row's work (a grammar's mask)
          * while the decode runs (a call with no row, the drawn token's position, the token) */
-        if (c.row_hook) c.row_hook(c.row_hook_user, NULL, n_vocab, (int64_t)p + 1, (int32_t)next);
+        if (c.row_hook && c.row_hook(c.row_hook_user, NULL, n_vocab, (int64_t)p + 1, (int32_t)next) < 0) {
+            hook_failed = 1;
+            break;
+        }
         t = (int32_t)next;
         p++;
     }
     Py_END_ALLOW_THREADS
     free(bound);
+    if (hook_failed) {  /* what the hook raised (a Ctrl-C included) is the caller's; nothing drawn counts */
+        free(drawn);
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "steps: the row hook failed");
+        return NULL;
+    }
     PyObject *list = PyList_New(n);
     if (list == NULL) {
         free(drawn);
@@ -1050,6 +1099,10 @@ static PyMethodDef methods[] = {
     {"steps", steps, METH_O,
      "steps(call: StepsCall) -> (drawn, rc, in_decode_s, decoded, undecided): plain decoding steps in one call "
      "(llama.cpp's functions by address; top_k 0: greedy). call: ssd_edge.llama.context.StepsCall."},
+    {"row_hook_address", row_hook_address, METH_NOARGS,
+     "row_hook_address() -> the address of a C row hook that calls the Python callable at its user pointer as "
+     "callable(row_address, n_vocab, position, previous) -> 1 (draw under the mask) or 0; what it raises stops "
+     "steps() and is raised there"},
     {"masked_draw", masked_draw, METH_VARARGS,
      "masked_draw(row, mask, top_k, top_p, min_p, temperature, seed, position) -> the draw under a grammar's mask "
      "(top_k 0: greedy), or None; the row may be written."},

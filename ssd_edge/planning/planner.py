@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import numpy as np
 
@@ -58,6 +58,7 @@ from .proposers import PreparedProposer, lengths
 if TYPE_CHECKING:  # the modes that pre-speculate import these alone
     from ..speculation.policy import PrespecPolicy
     from ..speculation.prespec import PrespecWorker
+    from ..structured.rows import ForcedRuns
 
 log = logging.getLogger(__name__)
 
@@ -216,9 +217,9 @@ class Rounds:
         self.policy = policy
         self.decision: Decision | None = None
         self.plain = planner.menu.kinds == {"plain"}  # mode ar: every round a plain step, nothing to plan
-        # a grammar's forced run after a history (structured/shaping.Cursor.forced), proposed first in every
-        # mode but ar (rounds.build sets it where the generation has a grammar)
-        self.forced: Callable[[list[int]], list[int]] | None = None
+        # a grammar's forced run after a history (structured/rows.ForcedRuns), proposed first in every mode
+        # but ar, its acceptance learned (rounds.build sets it where the generation has a grammar)
+        self.forced: ForcedRuns | None = None
         self.runs = self.plain  # mode ar after the prompt: plain runs, while the target's context can make them
         self.prefilled = False  # the prompt's round has been observed
 
@@ -289,7 +290,8 @@ class Rounds:
         v = Verified(self.decision or PLAIN, prop.draft, accepted, history, rows, verify_s * 1e3, self.busy)
         self.planner.observe(v)
         f = prop.forced
-        if f:  # the proposers see the part after the forced run, where the verify reached it
+        if f and self.forced is not None:  # its acceptance learned; the proposers see the part after it, if reached
+            self.forced.observe(f, accepted)
             if accepted < f:
                 v = None
             else:

@@ -183,7 +183,7 @@ class API:
         top = self._check(req)
         messages = req.chat()
         shape = self._shape(req, self.engine.chat_template() if req.tools else None)
-        if shape.constraint is not None:
+        if shape.constraint is not None or shape.choice is not None:  # tools: each one's schema, even unused
             await self._compile(shape)
         if shape.listed or needs_template(messages):
             prompt = await run_in_threadpool(_constrained(self.engine.render_chat), messages, shape.listed)

@@ -269,10 +269,18 @@ class Tools:
     parallel: bool = True
     field: str = "tools"
 
+    @property
+    def offered(self) -> bool:
+        """Whether the tools reach the prompt and calls are read: not under "none", which answers as if
+        there were no tools (as the server does)."""
+        return self.choice != "none"
+
     def grammar(self, template: ChatTemplate | None) -> Grammar | None:
         return constraint(choose(parse_tools(self.tools), self.choice), format_of(template), self.parallel)
 
     def read(self, text: str, template: ChatTemplate | None) -> tuple[str, list[dict[str, Any]]]:
+        if not self.offered:
+            return text, []
         reader = Reader(format_of(template), [t.name for t in parse_tools(self.tools)])
         reader.feed(text)
         reader.finish()

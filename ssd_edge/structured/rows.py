@@ -21,8 +21,10 @@ from ..sampling import top_ids
 from .shaping import Cursor, apply_mask
 
 # native.c's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row) -> 1: draw under the mask
-_HOOK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
-                         ctypes.c_int32)
+try:  # compiled at install: a C row hook that calls Python and lets what it raises (Ctrl-C) through
+    from ..native import row_hook_address
+except ImportError:  # pragma: no cover - a build without the extension: plain steps go a round at a time
+    row_hook_address = None
 TOP_LOGPROBS_MAX = 20  # OpenAI's limit on top_logprobs
 
 
@@ -38,16 +40,15 @@ class AnswerRows:
         self.ahead: list[int] = []  # the round's drafted tokens (a verify), or the C loop's drawn ones
         self.logprobs = logprobs
         self.raw: dict[int, np.ndarray] = {}  # position -> the row before shaping (logprobs only)
-        self._c = _HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
+        self._call = self._row  # kept alive with the hook: native.steps's C hook calls it by address (its id)
         # logprobs keep a row copy per position: plain steps then go a round at a time, in Python
         self.native = None
-        if logprobs is None:
+        if logprobs is None and row_hook_address is not None:
             mask = cursor.mask if cursor is not None and cursor.mask is not None else None
-            self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None,
+            self.native = (row_hook_address(), id(self._call),
                            mask.ctypes.data if mask is not None else None, len(mask) if mask is not None else 0)
         self._c_shaped = -1  # the position whose row the C loop's call shaped all but the mask of
         self._views: dict[tuple[int, int], np.ndarray] = {}
-        self.error: BaseException | None = None
 
     def round(self, draft: Sequence[int] = ()) -> None:
         """A round starts: its rows follow the committed history, then `draft`."""
@@ -70,37 +71,28 @@ class AnswerRows:
         h = self.history
         return c(row, h[self.n_prompt:] + self.ahead[:j] if j > 0 else h[self.n_prompt:], mask)
 
-    def _row(self, _user: int, row: ctypes.Array, n_vocab: int, position: int, previous: int) -> int:
-        """The C loop's call: the row after `previous`, which it drew (or, first, the history's last); or,
-        with no row, the notice that it drew `previous` for `position` and decodes it now: the cursor
-        follows it and fills the next mask meanwhile."""
-        try:
-            if not row:
-                if position - len(self.history) == len(self.ahead):
-                    self.ahead.append(previous)
-                    c = self.cursor
-                    if c is not None and len(c.tokens) == position - self.n_prompt:
-                        c.push(previous)
-                        c.prefetch()
-                return 0
-            if position - len(self.history) > len(self.ahead):
+    def _row(self, row: int, n_vocab: int, position: int, previous: int) -> int:
+        """The C loop's call: the row (its address) after `previous`, which it drew (or, first, the history's
+        last); or, with no row (0), the notice that it drew `previous` for `position` and decodes it now: the
+        cursor follows it and fills the next mask meanwhile. What it raises stops the loop and is raised
+        from native.steps (native.c: py_row_hook)."""
+        if not row:
+            if position - len(self.history) == len(self.ahead):
                 self.ahead.append(previous)
-            view = self._views.get((ctypes.addressof(row.contents), n_vocab))
-            if view is None:
-                view = np.ctypeslib.as_array(row, shape=(n_vocab,))
-                self._views = {(ctypes.addressof(row.contents), n_vocab): view}
-            masked = self(view, position, mask=False)
-            self._c_shaped = position
-            return 1 if masked else 0
-        except BaseException as e:  # an exception cannot cross the C loop: kept, and raised after it
-            self.error = e
+                c = self.cursor
+                if c is not None and len(c.tokens) == position - self.n_prompt:
+                    c.push(previous)
+                    c.prefetch()
             return 0
-
-    def check(self) -> None:
-        """Raise what the C loop's calls raised, if anything."""
-        if self.error is not None:
-            e, self.error = self.error, None
-            raise e
+        if position - len(self.history) > len(self.ahead):
+            self.ahead.append(previous)
+        view = self._views.get((row, n_vocab))
+        if view is None:
+            view = np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+            self._views = {(row, n_vocab): view}
+        masked = self(view, position, mask=False)
+        self._c_shaped = position
+        return 1 if masked else 0
 
     # ------------------------------------------------------------ logprobs
     def take_logprobs(self, first: int, tokens: Sequence[int]) -> tuple[TokenLogprob, ...]:
@@ -142,6 +134,12 @@ class DraftRows:
     def __call__(self, row: np.ndarray, history: Sequence[int], drafted: Sequence[int]) -> None:
         self.cursor(row, [*history[self.n_prompt:], *drafted])
 
+    def fork(self, history: Sequence[int], drafted: Sequence[int]) -> Cursor:
+        """A cursor of its own after history + drafted: a pre-speculated branch's, shaping its rows as it
+        grows (push each token it draws, then shape the next row)."""
+        self.cursor.follow([*history[self.n_prompt:], *drafted])
+        return self.cursor.fork()
+
     def forced(self, history: Sequence[int], drafted: Sequence[int]) -> list[int]:
         """The grammar's forced run after history + drafted ([] where none, or no grammar)."""
         if self.cursor.matcher is None:
@@ -153,12 +151,39 @@ class DraftRows:
 class ForcedRuns:
     """A grammar's forced run after a history (Rounds.forced): the tokens the grammar allows as the only
     continuation, proposed first in a round, free (they cost no model; the target verifies them as any
-    draft, on masked rows, so another split of the same bytes would be the target's own to draw)."""
+    draft, on masked rows, so another split of the same bytes would be the target's own to draw).
+
+    Their acceptance is learned as a proposer's is: a rate that starts from a prior of 1 (PRIOR rounds'
+    worth of accepted tokens) and counts each verified forced token, accepted or the first refused. A
+    run is cut where the chance of reaching its next token falls under FLOOR: decided from earlier
+    rounds alone, before the run is proposed."""
+
+    PRIOR = 4.0   # pseudo-tokens, all accepted
+    FLOOR = 0.1   # the least chance of reaching a forced token worth a verify position
 
     def __init__(self, cursor: Cursor, n_prompt: int) -> None:
         self.cursor = cursor
         self.n_prompt = n_prompt
+        self.verified = self.accepted = self.PRIOR
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.verified
 
     def __call__(self, history: list[int]) -> list[int]:
         self.cursor.follow(history[self.n_prompt:])
-        return self.cursor.forced()
+        run = self.cursor.forced()
+        p = self.acceptance
+        if run and p < 1.0:
+            reach, keep = 1.0, 0
+            while keep < len(run) and reach * p >= self.FLOOR:  # the first forced token's reach is p
+                reach *= p
+                keep += 1
+            run = run[:max(keep, 1)]  # one at least: a forced token still holds what the grammar allows
+        return run
+
+    def observe(self, forced: int, accepted: int) -> None:
+        """A round verified `forced` forced tokens first and accepted `accepted` tokens of its draft."""
+        if forced:
+            self.accepted += min(accepted, forced)
+            self.verified += min(accepted + 1, forced)

@@ -79,7 +79,7 @@ class Cursor:
         self.refused: int | None = None  # index of the first token the grammar refused (rows after it: free)
         self.counts: dict[int, int] = {}
         self.mask = np.empty(shaping.words, dtype=np.int32) if self.matcher is not None else None
-        self._pending: threading.Event | None = None  # a fill in flight (prefetch), for `_filled` tokens
+        self._pending: _Fill | None = None  # a fill in flight (prefetch), for `_filled` tokens
         self._filled = -1
 
     # ------------------------------------------------------------ following an answer
@@ -139,6 +139,18 @@ class Cursor:
             if self.start >= keep:
                 self.start = None if self.s.trigger is not None else 0
 
+    def fork(self) -> "Cursor":
+        """A cursor of its own at this one's state, for a pre-speculated branch to grow from: pushes on
+        either leave the other as it is (llguidance's deep_copy: a few microseconds)."""
+        self._settle()
+        c = Cursor.__new__(Cursor)
+        c.s, c.tokens, c.counts = self.s, list(self.tokens), dict(self.counts)
+        c.matcher = self.matcher.deep_copy() if self.matcher is not None else None
+        c.start, c.fed, c.refused = self.start, self.fed, self.refused
+        c.mask = np.empty_like(self.mask) if self.mask is not None else None
+        c._pending, c._filled = None, -1
+        return c
+
     # ------------------------------------------------------------ the grammar's view
     @property
     def constrained(self) -> bool:
@@ -174,7 +186,7 @@ class Cursor:
     def _settle(self) -> None:
         """Wait for a fill in flight: the matcher is the filler's until it ends."""
         if self._pending is not None:
-            self._pending.wait()
+            self._pending.wait()  # raises what the fill met, again at each call: the matcher is not to be trusted
             self._pending = None
 
     # ------------------------------------------------------------ shaping a row
@@ -191,7 +203,8 @@ class Cursor:
         if self.counts:
             ids = np.fromiter(self.counts, dtype=np.int64, count=len(self.counts))
             n = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
-            row[ids] -= s.presence + s.frequency * n
+            ok = ids < len(row)  # a draft's vocabulary may stop short of the target's padding tokens
+            row[ids[ok]] -= (s.presence + s.frequency * n)[ok]
         if self.constrained:
             if self._pending is not None and self._filled == len(self.tokens):
                 self._settle()  # filled while the row was decoded
@@ -222,6 +235,29 @@ def apply_mask(row: np.ndarray, mask: np.ndarray) -> None:
     row[n:] = -np.inf
 
 
+class _Fill:
+    """One fill in flight: it holds the mask it writes (alive until the fill ends, whatever becomes of
+    its cursor) and what went wrong, for the cursor to raise."""
+
+    def __init__(self, matcher: Any, mask: np.ndarray) -> None:
+        self.matcher, self.mask = matcher, mask
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        except BaseException as e:  # the cursor raises it; the thread goes on filling the next
+            self.error = e
+        finally:
+            self.done.set()
+
+    def wait(self) -> None:
+        self.done.wait()
+        if self.error is not None:
+            raise RuntimeError(f"the grammar's mask could not be filled: {self.error}") from self.error
+
+
 class _Filler:
     """One daemon thread that fills masks ahead (Cursor.prefetch): llguidance drops the interpreter's lock
     while it fills, so the fill runs beside whatever the engine's thread waits on (a plain step's decode)."""
@@ -231,22 +267,18 @@ class _Filler:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def fill(self, matcher: Any, mask: np.ndarray) -> threading.Event:
+    def fill(self, matcher: Any, mask: np.ndarray) -> _Fill:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ssd-edge-mask", daemon=True)
                 self._thread.start()
-        done = threading.Event()
-        self._jobs.put((matcher, mask.ctypes.data, mask.nbytes, done))
-        return done
+        job = _Fill(matcher, mask)
+        self._jobs.put(job)
+        return job
 
     def _run(self) -> None:
         while True:
-            matcher, address, size, done = self._jobs.get()
-            try:
-                matcher.unsafe_compute_mask_ptr(address, size)
-            finally:
-                done.set()
+            self._jobs.get().run()
 
 
 _FILLER = _Filler()

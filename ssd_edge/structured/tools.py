@@ -145,8 +145,8 @@ def constraint(choice: Choice, fmt: Format, parallel: bool = True) -> Grammar | 
              for i, t in enumerate(choice.tools)]
     call = " | ".join(f"fn_{i}" for i in range(len(choice.tools)))
     if fmt == "tags":
-        more = ' ("\\n" call)*' if parallel else ""
-        text = (f'start: call{more}\ncall: {OPEN} "\\n" body "\\n" {CLOSE}\nbody: {call}\n' + "\n".join(rules))
+        more = ' ("\\n" call)*' if parallel else ""  # a line break may end the answer too, as the templates write
+        text = (f'start: call{more} "\\n"?\ncall: {OPEN} "\\n" body "\\n" {CLOSE}\nbody: {call}\n' + "\n".join(rules))
         return Grammar(text, trigger=OPEN if choice.kind == "auto" else None, field="tools")
     more = ' (", " body)*' if parallel else ""
     text = (f'start: "{{\\"tool_calls\\": [" body{more} "]}}"\n' f"body: {call}\n" + "\n".join(rules))

@@ -171,3 +171,36 @@ def test_the_draft_rows_are_masked_too():
     out = eng.complete(tokens=PROMPT, max_tokens=40, mode="sd", constraint=Regex("[0-3]{40}"),
                        sampling=SamplingConfig(temperature=0.0))
     assert out.stats.acceptance_rate is not None and out.stats.acceptance_rate > 0.5
+
+
+def test_ssd_branches_grow_under_the_grammar(monkeypatch):
+    """Each pre-speculated branch carries its own grammar state: every token a branch drafts is one the
+    grammar allows after its outcome, so a hit's draft is one the target's masked rows can accept."""
+    from ssd_edge.speculation.prespec.outcomes import SpeculationCache
+
+    grown = []
+    put = SpeculationCache.put
+    monkeypatch.setattr(SpeculationCache, "put", lambda self, br: (grown.append(br), put(self, br))[1])
+    eng = engine("ssd")
+    for temperature in (0.0, 1.0):
+        s = SamplingConfig(temperature=temperature, seed=3)
+        ref = eng.complete(tokens=PROMPT, max_tokens=80, mode="ar", constraint=Regex("[0-3]{80}"), sampling=s)
+        out = eng.complete(tokens=PROMPT, max_tokens=80, mode="ssd", constraint=Regex("[0-3]{80}"), sampling=s)
+        assert out.tokens == ref.tokens
+    drafted = [t for br in grown for t in (br.b, *br.tokens)]
+    assert len(drafted) >= 10, "the worker prepared branches"
+    assert set(b"".join(eng.piece(t) for t in drafted).decode()) <= set("0123")  # unmasked, the draft wanders
+
+
+def test_tools_none_leaves_the_tools_out(monkeypatch):
+    """tool_choice "none" on the Python API answers as if there were no tools: none in the prompt, and the
+    answer is content, never read for calls (as the server does)."""
+    from ssd_edge.structured import Tools
+
+    eng = engine("ar")
+    seen = []
+    render = eng.render_chat
+    monkeypatch.setattr(eng, "render_chat", lambda messages, tools=None: (seen.append(tools), render(messages))[1])
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    out = eng.complete(messages=[{"role": "user", "content": "hi"}], max_tokens=8, constraint=Tools(tools, "none"))
+    assert seen == [None] and out.tool_calls == ()

@@ -19,9 +19,10 @@ from ssd_edge.llama.context import StepsCall
 from ssd_edge.llama.kvseq import KVSeq
 
 try:
+    from ssd_edge import native
     from ssd_edge.native import argmax, draw, steps
 except ImportError:  # each test then skips, or fails where a C compiler could have built the extension
-    argmax = draw = steps = None
+    native = argmax = draw = steps = None
 
 N_VOCAB = 1000
 SAMPLED = (40, 0.95, 0.05, 1.0, 77)  # top_k, top_p, min_p, temperature, seed
@@ -186,31 +187,31 @@ def test_kvseq_steps_draws_a_row_the_loop_left_and_holds_what_was_decoded(temper
     assert kv.steps([4, 4, 9], 2, 10.0, drawer) is None  # not all but the last token cached: the caller's rounds
 
 
-HOOK = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64, ctypes.c_int64,
-                        ctypes.c_int32)
-
-
 class BanTop:
     """A row hook (coupling.RowHook) that bans each row's likeliest token, as a grammar's mask would a token
-    it forbids, and notes the positions it saw; in Python, and in C through a ctypes callback."""
+    it forbids, and notes the positions it saw; in Python, and in C through native.row_hook_address (the C
+    hook that calls a Python callable, as structured/rows.py's AnswerRows does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_at: int | None = None) -> None:
         self.positions: list[int] = []
         self.previous: list[int] = []  # the token decoded before each row, as the C loop tells it
         self.notices: list[tuple[int, int]] = []  # (position, token) of each token drawn and decoded next
-        self._c = HOOK(self._row)  # kept alive with the hook: native.steps calls it by address
-        self.native = (ctypes.cast(self._c, ctypes.c_void_p).value, None)
+        self.fail_at = fail_at  # raise KeyboardInterrupt at this row's position (a Ctrl-C)
+        self._call = self._row  # kept alive with the hook: native.steps calls it by address
+        self.native = (native.row_hook_address(), id(self._call))
 
     def __call__(self, row: np.ndarray, position: int) -> None:
         self.positions.append(position)
         row[int(np.argmax(row))] = -np.inf
 
-    def _row(self, _user, row, n_vocab, position, previous) -> int:
+    def _row(self, row, n_vocab, position, previous) -> int:
         if not row:  # a token drawn, decoded next: the notice before its decode
             self.notices.append((position, previous))
             return 0
+        if position == self.fail_at:
+            raise KeyboardInterrupt
         self.previous.append(previous)
-        self(np.ctypeslib.as_array(row, shape=(n_vocab,)), position)
+        self(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)), position)
         return 0  # the row is as the hook left it: the loop draws from it
 
 
@@ -234,6 +235,16 @@ def test_a_row_hook_changes_each_row_before_its_draw_in_c_as_in_python(draws):
     assert all(t != int(np.argmax(row)) for t, row in zip(drawn, rows(5, seed=3)))
     plain = Library(rows(5, seed=3)).steps(token=2, pos=10, seq=0, most=5, draws=draws)[0]
     assert drawn != plain
+
+
+def test_what_the_hook_raises_stops_the_loop_and_is_raised():
+    """A Ctrl-C that lands in the row hook (or anything it raises) ends native.steps with that exception,
+    after no further decode: not printed and lost as a ctypes callback's would be."""
+    hook = BanTop(fail_at=13)
+    lib = Library(rows(5, seed=3))
+    with pytest.raises(KeyboardInterrupt):
+        lib.steps(token=2, pos=10, seq=0, most=5, draws=Drawer(SamplingConfig(temperature=0.0), 1, hook=hook).native)
+    assert hook.positions == [11, 12] and len(lib.batches) == 3
 
 
 def test_a_hook_with_no_c_form_leaves_plain_steps_to_python():

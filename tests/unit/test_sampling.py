@@ -373,3 +373,27 @@ def test_the_compiled_head_is_numpys(monkeypatch):
 
 
 HEAD_K = 40
+
+
+def test_a_masked_row_stays_on_the_compiled_paths(monkeypatch):
+    """A row a grammar's mask left fewer than k finite values (-inf elsewhere) is answered in C, as
+    numpy's path answers it (its finite values, then the lowest refused ids), not by a whole-row sort."""
+    import ssd_edge.sampling as sampling
+
+    if sampling.compiled_head is None or sampling.compiled_top_ids is None:
+        skip_or_fail("the compiled head")
+    rng = np.random.default_rng(4)
+    for n, allowed in ((151936, 3), (151936, 39), (4096, 1), (4096, 60), (1000, 7)):
+        x = np.full(n, -np.inf, dtype=np.float32)
+        x[rng.choice(n, allowed, replace=False)] = rng.normal(size=allowed).astype(np.float32)
+        assert sampling.compiled_top_ids(x, HEAD_K) is not None and sampling.compiled_head(x, HEAD_K, 1.0) is not None
+        ids = sampling.top_ids(x, HEAD_K)
+        assert ids.tolist() == _top_k_reference(x, HEAD_K), (n, allowed)
+        for t in (1.0, 0.7):
+            got = sampling.head_probs(x, t)
+            with monkeypatch.context() as m:  # numpy's path alone
+                m.setattr(sampling, "compiled_head", None)
+                m.setattr(sampling, "compiled_top_ids", None)
+                want = sampling.head_probs(x, t)
+            assert got.ids.tolist() == want.ids.tolist()
+            np.testing.assert_allclose(got.p, want.p, rtol=1e-12, atol=1e-300)

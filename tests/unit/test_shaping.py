@@ -114,3 +114,90 @@ def test_masked_rows_draw_in_c_as_in_numpy():
         np.testing.assert_array_equal(got.ids, want.ids)
         np.testing.assert_allclose(got.p, want.p, rtol=1e-12)
         assert Drawer(s, 7)(row.copy(), trial) == gumbel_draw(*want, 7, trial)
+
+
+def test_the_c_loops_masked_draw_is_the_python_draw():
+    """native.masked_draw (what the C loop draws with under a mask: the allowed tokens gathered where
+    few are, in place where many are) gives the Python draw's token on the row masked with -inf."""
+    from ssd_edge import native
+    from ssd_edge.coupling import Drawer
+
+    rng = np.random.default_rng(2)
+    for trial in range(80):
+        n = int(rng.choice([4096, 151936]))
+        allowed = np.zeros(n, dtype=bool)
+        allowed[rng.choice(n, int(rng.choice([1, 5, 41, n // 16, n // 2])), replace=False)] = True
+        mask = np.packbits(allowed, bitorder="little").view(np.int32)
+        row = (rng.standard_normal(n) * 3).astype(np.float32)
+        greedy = trial % 3 == 0
+        s = SamplingConfig(temperature=0.0 if greedy else float(rng.choice([0.7, 1.0])), top_k=40,
+                           top_p=float(rng.choice([0.9, 1.0])), min_p=float(rng.choice([0.0, 0.05])))
+        masked = row.copy()
+        masked[~allowed] = -np.inf
+        want = Drawer(s, 11)(masked, trial)
+        got = native.masked_draw(row.copy(), mask, 0 if greedy else s.top_k, s.top_p, s.min_p,
+                                 s.temperature if not greedy else 1.0, 11, trial)
+        assert got == want, (trial, n, int(allowed.sum()), greedy)
+
+
+def test_a_fork_goes_its_own_way():
+    """A branch's cursor (Cursor.fork) starts at the state it was forked at; what either pushes after
+    leaves the other as it was."""
+    s = Shaping(SamplingConfig(presence_penalty=1.0), compile(JsonSchema({"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}), TOK), TOK, MODEL.is_eog)
+    c = s.cursor()
+    c.follow(ids('{"a": '))
+    f = c.fork()
+    for t in ids("12"):
+        f.push(t)
+    assert set(allowed(s, '{"a": ', c)) == set("-0123456789")
+    row = np.zeros(V, dtype=np.float32)
+    f.shape(row)
+    assert set("".join(MODEL.piece(t).decode() for t in np.flatnonzero(np.isfinite(row)))) == set("},0123456789")
+    assert row[ids("1")[0]] == -1.0 and f.tokens == ids('{"a": 12') and c.tokens == ids('{"a": ')
+
+
+def test_a_failed_fill_is_raised_and_the_filler_goes_on():
+    """A mask fill that fails on the filler thread is raised where the cursor waits for it; the thread
+    lives on for the next fill."""
+
+    class Broken:
+        def unsafe_compute_mask_ptr(self, address, size):
+            raise ValueError("no mask today")
+
+    s = Shaping(SamplingConfig(), compile(JsonSchema({"type": "object"}), TOK), TOK, MODEL.is_eog)
+    c = s.cursor()
+    c.matcher = Broken()
+    c.prefetch()
+    with pytest.raises(RuntimeError, match="no mask today"):
+        c.shape(np.zeros(V, dtype=np.float32))
+    good = s.cursor()
+    assert allowed(s, "", good) == "{"
+    good.prefetch()
+    good._settle()
+
+
+def test_forced_runs_learn_their_acceptance_from_a_prior_of_one():
+    """Forced tokens go whole while they are accepted; refused ones lower the rate, and a run is then cut
+    where the chance of reaching its next token is under the floor (one token at least)."""
+    from ssd_edge.structured.rows import ForcedRuns
+
+    class Run:
+        def follow(self, answer):
+            pass
+
+        def forced(self):
+            return list(range(12))
+
+    runs = ForcedRuns(Run(), 0)
+    assert runs([]) == list(range(12)) and runs.acceptance == 1.0
+    runs.observe(12, 20)  # all accepted: still 1
+    assert runs.acceptance == 1.0 and len(runs([])) == 12
+    for _ in range(6):
+        runs.observe(12, 0)  # the first forced token refused, round after round
+    p = runs.acceptance
+    assert 0 < p < 0.8
+    assert len(runs([])) == max(1, int(np.floor(np.log(ForcedRuns.FLOOR) / np.log(p) + 1e-9)))
+    for _ in range(40):
+        runs.observe(12, 0)
+    assert runs([]) == [0]

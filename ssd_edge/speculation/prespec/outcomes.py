@@ -9,7 +9,7 @@ against them. All of it is plain data: the worker thread (worker.py) is what fil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -87,6 +87,7 @@ class Branch:
     cands: list[Candidates] = field(default_factory=list)
     cells: int = 0            # KV cells this branch holds beyond the shared prefix
     done: bool = False
+    shape: Any = None         # under a constraint, its grammar state (structured.shaping.Cursor) as it grows
 
     def draft(self, n: int) -> Draft:
         """Its first n drafted tokens (at most what it has), with their candidates."""

@@ -273,6 +273,10 @@ class PrespecWorker:
         rows = self._read(history + list(draft.tokens), k + 1 if new else 1)
         if rows is None or self._interrupted():
             return
+        shape = self.drafter.shape  # a constraint's shaping: the candidates only what the target may draw
+        if shape is not None:
+            for j, r in enumerate(rows):
+                shape(r, history, draft.tokens[:j] if new else draft.tokens)
         # only the last draft token is new to a model draft: its row gives the bonus candidates
         cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
         plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
@@ -294,6 +298,8 @@ class PrespecWorker:
                 seq = self.free_seqs.pop()
                 self.ctx.seq_cp(main, seq, 0, n + o.a)  # shares the cells of C + d[:a]: metadata only
                 br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
+                if shape is not None:  # the branch's own grammar state, after C + d[:a] + [b]
+                    br.shape = shape.fork(history, (*draft.tokens[:o.a], o.b))
                 self.cache.put(br)
                 branches.append(br)
             # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds),
@@ -325,6 +331,8 @@ class PrespecWorker:
             for br, row in zip(live, rows):
                 br.pos += 1
                 br.cells += 1
+                if br.shape is not None:
+                    br.shape.shape(row)
                 if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
                     br.done = True
                     continue
@@ -332,6 +340,8 @@ class PrespecWorker:
                 t = drafter.pick(row, br.pos, cand)
                 br.tokens.append(t)
                 br.cands.append(cand)
+                if br.shape is not None:
+                    br.shape.push(t)
                 br.feed = t
                 self.meter.branches.add_prepared(1)
                 br.done = len(br.tokens) >= depth
