@@ -176,7 +176,8 @@ class Bench:
                 tick(f"{s.name}: warm-up")
                 self.asked = {p.id: Asked.made(engine, p) for p in self.prompts if p.structured}
                 warm = [(BenchPrompt(id="warmup", category="chat", messages=WARMUP), None)]
-                warm += [(p, self.asked[p.id]) for p in self.prompts if p.structured][:1]  # the grammar's paths
+                warm += [(p.model_copy(update=dict(max_tokens=None)), self.asked[p.id])  # the grammar's paths
+                         for p in self.prompts if p.structured][:1]
                 for mode in a.modes:
                     for wp, asked in warm:
                         run_one(engine, s.name, mode, wp, rep=-1, seed=a.seed, max_tokens=8 if a.quick else 24,
