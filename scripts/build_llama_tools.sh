@@ -8,7 +8,9 @@
 #
 # Built targets: llama-speculative-simple (draft-model speculation), llama-lookup
 # (n-gram lookup decoding),
-# llama-simple (plain decoding), llama-bench and ggml-rpc-server (llama.cpp's
+# llama-simple (plain decoding), llama-bench, llama-server (constrained decoding,
+# the peer of `ssd-edge bench --prompts structured`; built without its web UI,
+# nothing downloaded) and ggml-rpc-server (llama.cpp's
 # rpc-server, the other side of `--rpc`; `ssd-edge rpc-server` launches it).
 # Same AMX-safe flags as scripts/setup.sh (see FIELD_NOTES: AMX tile
 # instructions trap in the VM), plus -DGGML_RPC=ON. The build runs under
@@ -34,7 +36,7 @@ out="${SSD_EDGE_LLAMA_TOOLS:-$cache_root/llama-tools}"
 python="${PYTHON:-$root/.venv/bin/python}"
 [[ -x "$python" ]] || python=python3
 jobs="${JOBS:-$(nproc)}"
-targets=(llama-speculative-simple llama-lookup llama-simple llama-bench ggml-rpc-server)
+targets=(llama-speculative-simple llama-lookup llama-simple llama-bench llama-server ggml-rpc-server)
 rpc_only=0
 for arg in "$@"; do
   case "$arg" in
@@ -83,7 +85,8 @@ build="$out/build"
 echo "==> configuring llama.cpp (C/CXX flags: ${cflags:-none}; -DGGML_RPC=ON)"
 nice -n 15 cmake -S "$llama" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_FLAGS="$cflags" -DCMAKE_CXX_FLAGS="$cflags" -DGGML_RPC=ON \
-  -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON \
+  -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
   ${SSD_EDGE_CMAKE_ARGS:-} >/dev/null
 
 echo "==> building ${targets[*]} with $jobs jobs (several minutes on 2 cores)"

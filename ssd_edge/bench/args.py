@@ -1,7 +1,9 @@
 """What `ssd-edge bench` is asked to do: its flags (BenchArgs, built by cli/measuring.py, checked here
 with one clear error per wrong value) and the prompts they select (the suite shipped in
-ssd_edge/data/prompts.jsonl, or a JSONL file of the same shape; --quick keeps the shortest per category).
-run.py runs what this asks."""
+ssd_edge/data/prompts.jsonl, the structured suite ssd_edge/data/structured.jsonl by its name
+`structured`, or a JSONL file of the same shape; --quick keeps the shortest per category). A prompt's
+response_format or tools are read here as the server reads them (structured/request.py), so a wrong one
+fails before anything loads, naming the prompt and the field. run.py runs what this asks."""
 
 from __future__ import annotations
 
@@ -11,10 +13,19 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from typing import Any
+
 from ..errors import ConfigError
+from ..structured.constraint import ConstraintError
+from ..structured.request import Shape, read as read_shape
 from .schema import CATEGORIES, BenchPrompt
 
 BENCH_MODES = ("ar", "sd", "lookup", "ssd", "auto")
+SUITES = {"structured": "data/structured.jsonl"}  # --prompts NAME: a suite shipped in ssd_edge/data
+PROMPTS_HELP = ("the prompts: a JSONL file (one {id, category, messages[, max_tokens, response_format, tools, "
+                "tool_choice, parallel_tool_calls]} a line, the last four as in OpenAI's API), or 'structured' "
+                "for the shipped structured-output suite (a JSON-schema extraction, a tool call, a list, a nested "
+                "config); default: the shipped text suite")
 
 
 # ---------------------------------------------------------------- the flags
@@ -105,10 +116,13 @@ def comma_list(flag: str, text: str, allowed: tuple[str, ...] | None = None) -> 
 # ---------------------------------------------------------------- the prompts
 
 def load_prompts(path: str | os.PathLike[str] | None = None) -> list[BenchPrompt]:
-    """The prompt suite: one JSON object per line (id, category, messages[, max_tokens])."""
-    if path is None:
-        text = resources.files("ssd_edge").joinpath("data/prompts.jsonl").read_text(encoding="utf-8")
-        where = "ssd_edge/data/prompts.jsonl"
+    """The prompt suite: one JSON object per line (id, category, messages[, max_tokens, response_format,
+    tools, tool_choice, parallel_tool_calls]); `path` a file, a shipped suite's name (SUITES), or None: the
+    shipped text suite."""
+    if path is None or str(path) in SUITES:
+        shipped = SUITES.get(str(path), "data/prompts.jsonl")
+        text = resources.files("ssd_edge").joinpath(shipped).read_text(encoding="utf-8")
+        where = f"ssd_edge/{shipped}"
     else:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -120,12 +134,27 @@ def load_prompts(path: str | os.PathLike[str] | None = None) -> list[BenchPrompt
         if not line.strip():
             continue
         try:
-            out.append(BenchPrompt.model_validate_json(line))
+            prompt = BenchPrompt.model_validate_json(line)
         except ValueError as e:
             raise ConfigError(f"{where}, line {n}: not a valid prompt ({str(e).splitlines()[0]})") from None
+        try:
+            shape_of(prompt)
+        except ConstraintError as e:
+            raise ConfigError(f"{where}, line {n}, prompt {prompt.id!r}: {e}") from None
+        out.append(prompt)
     if not out:
         raise ConfigError(f"{where} holds no prompts")
     return out
+
+
+def shape_of(prompt: BenchPrompt, template: Any = None) -> Shape | None:
+    """What the prompt's answer must look like (None: free), read as the server reads a request; `template`
+    the model's chat template where tools are rendered (None: the fields checked alone). ConstraintError
+    names the field at fault."""
+    if not prompt.structured and prompt.tool_choice is None:
+        return None
+    return read_shape(prompt.response_format, prompt.tools, prompt.tool_choice, template,
+                      True if prompt.parallel_tool_calls is None else prompt.parallel_tool_calls)
 
 
 def quick_prompts(prompts: list[BenchPrompt]) -> list[BenchPrompt]:

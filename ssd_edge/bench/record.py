@@ -1,5 +1,7 @@
 """One bench run measured: a generation from a cold KV cache, read off the engine's event stream into
-a RunRecord (schema.py), with the process's peak resident memory sampled beside it."""
+a RunRecord (schema.py), with the process's peak resident memory sampled beside it. A structured prompt
+(Asked: its shape and prompt tokens, made as the server makes them) runs under its constraint, and its
+answer is checked (answers.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,40 @@ import hashlib
 import json
 import threading
 from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
+from . import answers
 from .schema import BenchPrompt, RunRecord
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A structured prompt made ready on a loaded engine: what its answer must look like and its prompt's
+    tokens (the chat template with the tools it lists: structured/request.py, as the server does)."""
+
+    shape: Any                 # structured.request.Shape
+    tokens: list[int]
+    parallel: bool = True      # parallel_tool_calls
+
+    @classmethod
+    def made(cls, engine, prompt: BenchPrompt) -> "Asked":
+        """`prompt` made ready on `engine`: its shape with the model's chat template (tools), compiled for
+        the target's vocabulary (a schema llguidance refuses fails here, named), its prompt's tokens."""
+        from ..errors import ConfigError
+        from ..structured.request import check, prompt_tokens
+        from .args import shape_of
+
+        try:
+            shape = shape_of(prompt, engine.chat_template() if prompt.tools else None)
+            check(shape, engine.grammar_tokenizer())
+            tokens = prompt_tokens(engine, prompt.messages, shape)
+        except ConfigError as e:
+            raise ConfigError(f"prompt {prompt.id!r}: {e}") from None
+        return cls(shape, tokens, prompt.parallel_tool_calls is not False)
+
+    def check(self, text: str) -> answers.Check:
+        return answers.check(self.shape, text, self.parallel)
 
 
 class RssPeak:
@@ -39,8 +73,9 @@ class RssPeak:
 
 
 def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, seed: int, max_tokens: int,
-            temperature: float) -> RunRecord:
-    """One generation from a cold KV cache; the record of what it did."""
+            temperature: float, asked: Asked | None = None) -> RunRecord:
+    """One generation from a cold KV cache; the record of what it did. asked: the prompt's constraint and
+    tokens (a structured prompt), its answer checked."""
     from ..events import FinishEvent
 
     engine.reset()  # each run prefills its prompt, like a fresh request
@@ -50,8 +85,8 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
     spec_rounds = 0
     finish = None
     with RssPeak() as rss:
-        gen = engine.generate(messages=prompt.messages, max_tokens=prompt.max_tokens or max_tokens, mode=mode,
-                              sampling=sampling)
+        shaped = dict(tokens=asked.tokens, constraint=asked.shape.constraint) if asked else dict(messages=prompt.messages)
+        gen = engine.generate(**shaped, max_tokens=prompt.max_tokens or max_tokens, mode=mode, sampling=sampling)
         try:
             for ev in gen:
                 if isinstance(ev, FinishEvent):
@@ -66,6 +101,7 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
             gen.close()  # on Ctrl-C: stops the SSD worker before the engine closes
     assert finish is not None
     st, pre = finish.stats, finish.stats.prespec
+    valid, invalid = asked.check(finish.text) if asked else (None, None)
     return RunRecord(
         setting=setting, mode=mode, prompt_id=prompt.id, category=prompt.category, rep=rep, seed=seed,
         prompt_tokens=st.prompt_tokens, tokens=st.tokens, stop_reason=finish.stop_reason, wall_s=st.wall_s,
@@ -76,4 +112,5 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         positions=st.positions, peak_rss_mib=rss.peak / 2**20,
         memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),
         auto=st.auto.to_dict() if st.auto is not None else None,
-        output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16])
+        output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16],
+        forced=st.forced, valid=valid, invalid=invalid)

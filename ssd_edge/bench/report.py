@@ -22,6 +22,7 @@ from .schema import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, Summar
 
 FIXED = ("sd", "lookup", "ssd")
 ALL = "all"
+STRUCTURED = "structured"  # every structured prompt (response_format or tools), whatever its category
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -54,7 +55,18 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
         draft_util=_ratio(sum(r.draft_busy_s for r in runs), wall),
         target_util=_ratio(sum(r.target_busy_s for r in runs), wall),
         host_ms_per_position=_ratio(1e3 * (wall - sum(r.in_decode_s for r in runs)), positions) if positions else None,
-        peak_rss_mib=max(r.peak_rss_mib for r in runs))
+        peak_rss_mib=max(r.peak_rss_mib for r in runs), answer_s=wall / len(runs), **_structured(runs))
+
+
+def _structured(runs: list[RunRecord] | list[PeerRecord]) -> dict[str, float | None]:
+    """valid_share and forced_share over the structured runs of a group (None where it has none; a peer
+    counts no forced tokens)."""
+    shaped = [r for r in runs if r.valid is not None]
+    if not shaped:
+        return {}
+    forced = _ratio(sum(r.forced for r in shaped), sum(r.tokens for r in shaped)) \
+        if all(isinstance(r, RunRecord) for r in shaped) else None
+    return dict(valid_share=sum(r.valid for r in shaped) / len(shaped), forced_share=forced)
 
 
 def _peer_row(setting: str, kind: str, k: int, category: str, runs: list[PeerRecord]) -> SummaryRow:
@@ -69,33 +81,43 @@ def _peer_row(setting: str, kind: str, k: int, category: str, runs: list[PeerRec
         speedup_vs_ar=None, answer_tokens_per_s=tokens / whole if whole else None,
         ttft_ms=None, latency_p50_ms=None, latency_p95_ms=None,
         acceptance=_ratio(sum(r.accepted for r in runs), drafted) if drafted else None, mean_accepted_len=None,
-        hit_rate=None, draft_util=None, target_util=None, peak_rss_mib=None)
+        hit_rate=None, draft_util=None, target_util=None, peak_rss_mib=None,
+        answer_s=statistics.fmean(r.answer_s for r in runs) if all(r.answer_s is not None for r in runs) else None,
+        **_structured(runs))
 
 
 def peer_mode(k: int, kind: str = "draft") -> str:
-    """A peer's row name: `llama.cpp k=3` (speculative-simple, the draft model), `llama.cpp lookup k=3`."""
+    """A peer's row name: `llama.cpp k=3` (speculative-simple, the draft model), `llama.cpp lookup k=3`,
+    `llama.cpp-grammar` and `llama.cpp-json_schema` (llama-server under a constraint, no draft)."""
+    if kind in ("grammar", "json_schema"):
+        return f"llama.cpp-{kind}"
     return f"llama.cpp k={k}" if kind == "draft" else f"llama.cpp {kind} k={k}"
 
 
 def summarize(runs: Iterable[RunRecord], peer: Iterable[PeerRecord] = (), k: int | None = None) -> list[SummaryRow]:
-    """Summary rows per (setting, mode, category) and per (setting, mode) over all categories ('all')."""
+    """Summary rows per (setting, mode, category), per (setting, mode) over all categories ('all'), and
+    over the structured prompts ('structured', where there are any)."""
     groups: dict[tuple[str, str, str], list[RunRecord]] = defaultdict(list)
     for r in runs:
         if r.rep < 0:
             continue
         groups[(r.setting, r.mode, r.category)].append(r)
         groups[(r.setting, r.mode, ALL)].append(r)
+        if r.valid is not None:
+            groups[(r.setting, r.mode, STRUCTURED)].append(r)
     rows = [_rows_for(s, m, c, rs, 0 if m == "ar" else (None if m == "auto" else k)) for (s, m, c), rs in groups.items()]
     pgroups: dict[tuple[str, str, int, str], list[PeerRecord]] = defaultdict(list)
     for r in peer:
         pgroups[(r.setting, r.kind, r.k, r.category)].append(r)
         pgroups[(r.setting, r.kind, r.k, ALL)].append(r)
+        if r.valid is not None:
+            pgroups[(r.setting, r.kind, r.k, STRUCTURED)].append(r)
     rows += [_peer_row(s, kind, kk, c, rs) for (s, kind, kk, c), rs in pgroups.items()]
     base = {(r.setting, r.category): r.tokens_per_s for r in rows if r.mode == "ar"}
     for r in rows:
         ar = base.get((r.setting, r.category))
         r.speedup_vs_ar = r.tokens_per_s / ar if ar else None
-    order = {c: i for i, c in enumerate((ALL, *CATEGORIES))}
+    order = {c: i for i, c in enumerate((ALL, STRUCTURED, *CATEGORIES))}
     rows.sort(key=lambda r: (r.setting != "separate", order.get(r.category, 99), _mode_order(r.mode)))
     return rows
 
@@ -274,6 +296,9 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
             x = _get(rows, s, mode, c)
             cells.append("–" if x is None else f"{x.tokens_per_s:.2f} ({_f(x.speedup_vs_ar)}x)")
         lines.append(f"| {s} | {mode} | " + " | ".join(cells) + " |")
+    from .report_structured import markdown as structured_tables
+
+    lines += structured_tables(result)
     choices = auto_choices(result)
     if choices:
         lines += ["", "What auto ran (share of rounds):", "", "| setting | " + " | ".join([ALL, *cats]) + " |",

@@ -15,6 +15,12 @@ caches are cleared before each run, so each one prefills its prompt like a
 fresh request. llama.cpp's own speculative decoding (peer.py) runs
 interleaved with them when its binary is found.
 
+A structured prompt (response_format or tools, `--prompts structured`) runs
+under its constraint, on the prompt tokens the server would make
+(structured/request.py), its answer checked (answers.py); there the peer is
+llama-server under the same constraint (peer_server.py: its GBNF with the
+same rigid separators, and its default json_schema), one server per setting.
+
 With --priced, the modes run on a priced pair instead (pricing.py): one
 setting, no model files, no llama.cpp peer, results labelled with the table.
 
@@ -42,7 +48,7 @@ from ..planning.planner import FIXED_K
 from ..errors import ConfigError, SSDEdgeError
 from .args import BenchArgs, load_prompts, quick_prompts
 from .machine import PortablePaths, hardware_settings, library_versions, machine_info
-from .record import run_one
+from .record import Asked, run_one
 from .schema import (BenchOptions, BenchPrompt, BenchResult, MachineInfo, ModelInfo, PeerInfo, PeerRecord, RunRecord,
                      Setting)
 
@@ -61,7 +67,7 @@ class Bench:
 
     def __init__(self, args: BenchArgs, target: Path, draft: Path, stand_in: Path | None = None) -> None:
         from ..planning.profile import device_info
-        from . import peer as bench_peer, pricing as bench_pricing
+        from . import peer as bench_peer, peer_server, pricing as bench_pricing
 
         self.args = args
         self.target, self.draft = target, draft
@@ -89,6 +95,9 @@ class Bench:
         no_peer = args.no_peer or self.priced is not None
         self.peer_bin = None if no_peer else bench_peer.find_binary(args.llama_tools)
         self.lookup_bin = None if no_peer else bench_peer.find_binary(args.llama_tools, bench_peer.LOOKUP)
+        self.server_bin = None if no_peer or not any(p.structured for p in self.prompts) else \
+            peer_server.find(args.llama_tools)
+        self.asked: dict[str, Asked] = {}  # structured prompts made ready on the setting's engine
         self.t0 = time.perf_counter()
 
     def units(self) -> int:
@@ -101,9 +110,12 @@ class Bench:
         return self.args.k or FIXED_K
 
     def jobs(self, p: BenchPrompt) -> list[str]:
-        """What runs on one prompt: every mode, the llama.cpp peer at -k, and on code prompts its other k."""
+        """What runs on one prompt: every mode, the llama.cpp peer at -k, and on code prompts its other k;
+        on a structured prompt, llama-server under its constraint in both kinds instead."""
         a = self.args
         out = list(a.modes)
+        if p.structured:
+            return out + ([f"peer:{kind}:0" for kind in ("grammar", "json_schema")] if self.server_bin else [])
         if self.peer_bin is not None:
             out.append(f"peer:draft:{self.peer_k}")
             if p.category == "code":
@@ -162,25 +174,61 @@ class Bench:
                     self.notes.append("auto ran without a calibration profile (--no-calibrate): its planner priced verifies "
                                       "from what each generation timed")
                 tick(f"{s.name}: warm-up")
+                self.asked = {p.id: Asked.made(engine, p) for p in self.prompts if p.structured}
+                warm = [(BenchPrompt(id="warmup", category="chat", messages=WARMUP), None)]
+                warm += [(p.model_copy(update=dict(max_tokens=None)), self.asked[p.id])  # the grammar's paths
+                         for p in self.prompts if p.structured][:1]
                 for mode in a.modes:
-                    run_one(engine, s.name, mode, BenchPrompt(id="warmup", category="chat", messages=WARMUP),
-                            rep=-1, seed=a.seed, max_tokens=8 if a.quick else 24, temperature=a.temp)
+                    for wp, asked in warm:
+                        run_one(engine, s.name, mode, wp, rep=-1, seed=a.seed, max_tokens=8 if a.quick else 24,
+                                temperature=a.temp, asked=asked)
                 tick("")
-                for rep in range(a.reps):
-                    for i, p in enumerate(self.prompts):
-                        seed = a.seed + i
-                        jobs = self.jobs(p)
-                        shift = (i + rep) % len(jobs)
-                        for job in jobs[shift:] + jobs[:shift]:  # rotated per prompt: drift hits all modes alike
-                            if job.startswith("peer:"):
-                                _, kind, k = job.split(":")
-                                tick(f"{s.name}: {bench_report.peer_mode(int(k), kind)} · {p.id}")
-                                self._peer(engine, s, p, kind, int(k), rep, seed)
+                self._setting_runs(engine, s, tick)
+
+    def _setting_runs(self, engine, s: Setting, tick: Tick) -> None:
+        """Every prompt in every job, rep after rep; llama-server up beside them where it runs."""
+        from contextlib import ExitStack
+        from . import peer_server, report as bench_report
+
+        a = self.args
+        with ExitStack() as stack:
+            server = None  # stopped on leaving, Ctrl-C included
+            if self.server_bin and self.asked:
+                try:
+                    server = stack.enter_context(peer_server.LlamaServer(
+                        self.server_bin, self.target_of(s), threads=s.target_threads, n_ctx=a.ctx_size))
+                except (RuntimeError, OSError) as e:
+                    self.peer_errors.append(f"{s.name} {peer_server.BINARY}: {e}")
+            for rep in range(a.reps):
+                for i, p in enumerate(self.prompts):
+                    seed = a.seed + i
+                    jobs = self.jobs(p)
+                    shift = (i + rep) % len(jobs)
+                    for job in jobs[shift:] + jobs[:shift]:  # rotated per prompt: drift hits all modes alike
+                        if job.startswith("peer:"):
+                            _, kind, k = job.split(":")
+                            tick(f"{s.name}: {bench_report.peer_mode(int(k), kind)} · {p.id}")
+                            if kind in peer_server.KINDS:
+                                self._server_peer(server, s, p, kind, rep, seed)
                             else:
-                                tick(f"{s.name}: {job} · {p.id}")
-                                self.records.append(run_one(engine, s.name, job, p, rep=rep, seed=seed,
-                                                            max_tokens=a.max_tokens, temperature=a.temp))
-                            tick("")
+                                self._peer(engine, s, p, kind, int(k), rep, seed)
+                        else:
+                            tick(f"{s.name}: {job} · {p.id}")
+                            self.records.append(run_one(engine, s.name, job, p, rep=rep, seed=seed,
+                                                        max_tokens=a.max_tokens, temperature=a.temp,
+                                                        asked=self.asked.get(p.id)))
+                        tick("")
+
+    def _server_peer(self, server, s: Setting, p: BenchPrompt, kind: str, rep: int, seed: int) -> None:
+        from . import peer_server
+
+        if server is None:  # it did not start (peer.errors says why)
+            return
+        try:
+            self.peer_runs.append(peer_server.record(server, self.asked[p.id], p, s.name, kind, rep=rep, seed=seed,
+                                                     max_tokens=self.args.max_tokens, temperature=self.args.temp))
+        except (RuntimeError, ValueError, OSError) as e:
+            self.peer_errors.append(f"{s.name} {p.id} {peer_server.BINARY} {kind}: {e}")
 
     def _peer(self, engine, s: Setting, p: BenchPrompt, kind: str, k: int, rep: int, seed: int) -> None:
         from . import peer as bench_peer
@@ -201,7 +249,7 @@ class Bench:
                                          encode_s=r.encode_s))
 
     def result(self, machine: MachineInfo, interrupted: bool) -> BenchResult:
-        from . import peer as bench_peer, pricing as bench_pricing, report as bench_report
+        from . import peer as bench_peer, peer_server, pricing as bench_pricing, report as bench_report, report_structured
 
         a = self.args
         shown = PortablePaths(paths.models_dir(a.models_dir))  # a result names no machine (machine.py)
@@ -217,6 +265,8 @@ class Bench:
             ("not available: --no-peer" if a.no_peer else
              "not available: llama-speculative-simple not found (scripts/build_llama_tools.sh or --llama-tools DIR)"),
             runs=self.peer_runs, errors=[shown.text(e) for e in self.peer_errors])
+        if self.server_bin:
+            peer.note += f"; {peer_server.NOTE}"
         summary = bench_report.summarize(self.records, self.peer_runs, k=self.peer_k)
         opts = BenchOptions(modes=list(a.modes), settings=[s.name for s in self.settings if not s.stand_in], k=a.k,
                             max_tokens=a.max_tokens, reps=a.reps, seed=a.seed, temperature=a.temp, n_ctx=a.ctx_size,
@@ -244,7 +294,8 @@ class Bench:
             settings=[s.model_copy(update=dict(target=shown.path(s.target))) if s.target else s for s in self.settings],
             engine_configs={name: shown.models_of(c) for name, c in self.engine_configs.items()}, prompts=self.prompts,
             profile=self.profile, runs=self.records, peer=peer, summary=summary,
-            goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in and s.target_threads == self.cores]), notes=notes)
+            goals=bench_report.goals(summary, a.modes, [s.name for s in self.settings if s.stand_in and s.target_threads == self.cores])
+            + report_structured.goals(summary), notes=notes)
 
 
 def _stand_in(target: str, kind: str, models_dir: str | None, console) -> Path:
@@ -299,9 +350,12 @@ def main(args: BenchArgs) -> int:
     if priced is not None:
         console.print(f"[yellow]note:[/] {priced.label}: synthetic models waiting a GPU's prices on this CPU, not a "
                       "GPU measurement; one setting, no llama.cpp peer")
-    elif bench.peer_bin is None and not args.no_peer:
+    elif bench.peer_bin is None and not args.no_peer and not all(p.structured for p in bench.prompts):
         console.print("[yellow]note:[/] llama-speculative-simple not found; the llama.cpp column is 'not "
                       "available' (build it with scripts/build_llama_tools.sh)")
+    if priced is None and bench.server_bin is None and not args.no_peer and any(p.structured for p in bench.prompts):
+        console.print("[yellow]note:[/] llama-server not found; no llama.cpp peer on the structured prompts "
+                      "(build it with scripts/build_llama_tools.sh)")
     interrupted = False
     with Progress(console) as progress:
         task = progress.task("loading", total=bench.units())

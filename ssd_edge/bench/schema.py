@@ -9,14 +9,30 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 SCHEMA_VERSION = 1
-CATEGORIES = ("code", "code-edit", "prose", "chat", "translation")
+TEXT_CATEGORIES = ("code", "code-edit", "prose", "chat", "translation")  # ssd_edge/data/prompts.jsonl
+STRUCTURED_CATEGORIES = ("extraction", "tool-call", "list", "config")   # ssd_edge/data/structured.jsonl
+CATEGORIES = TEXT_CATEGORIES + STRUCTURED_CATEGORIES
 
 
 class BenchPrompt(BaseModel):
     id: str
-    category: Literal["code", "code-edit", "prose", "chat", "translation"]
+    category: Literal["code", "code-edit", "prose", "chat", "translation", "extraction", "tool-call", "list",
+                      "config"]
     messages: list[dict[str, str]]
     max_tokens: int | None = Field(default=None, ge=1, description="overrides -n/--n-predict for this prompt")
+    # What the answer must look like, as in OpenAI's API (structured/request.py reads them as the server
+    # does); a prompt without them runs free.
+    response_format: dict[str, Any] | None = Field(default=None, description="{type: json_object} or "
+                                                   "{type: json_schema, json_schema: {name, schema, strict}}")
+    tools: list[dict[str, Any]] | None = Field(default=None, description="OpenAI tools: the prompt lists them, "
+                                               "the answer calls them")
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def structured(self) -> bool:
+        """Whether the answer is held to a response_format or to tool calls."""
+        return bool(self.response_format or self.tools)
 
 
 class Setting(BaseModel):
@@ -109,6 +125,12 @@ class RunRecord(BaseModel):
     modes_run: dict[str, int] = Field(description="rounds per mode that actually ran (auto may switch)")
     auto: dict[str, Any] | None = None
     output_sha: str = Field(description="sha256 of the output token ids (greedy runs should agree across modes)")
+    forced: int = Field(default=0, description="of `tokens`, those the answer's grammar forced (its only "
+                        "continuation) that rode a round as free drafts (Stats.forced); 0 for a free prompt, "
+                        "and in ar, whose plain steps draw every token")
+    valid: bool | None = Field(default=None, description="the answer validates against its prompt's schema (tool "
+                               "calls: each call's arguments against its tool's parameters); None: a free prompt")
+    invalid: str | None = Field(default=None, description="why the answer did not validate (valid false)")
 
 
 class PeerRecord(BaseModel):
@@ -116,8 +138,11 @@ class PeerRecord(BaseModel):
     prompt_id: str
     category: str
     k: int
-    kind: Literal["draft", "lookup"] = Field(
-        "draft", description="llama-speculative-simple with the draft model, or llama-lookup (n-gram, target alone)")
+    kind: Literal["draft", "lookup", "grammar", "json_schema"] = Field(
+        "draft", description="llama-speculative-simple with the draft model, llama-lookup (n-gram, target alone), "
+                             "or llama-server under the prompt's constraint (peer_server.py, the target alone): "
+                             "grammar (llama.cpp's GBNF of it, with ssd-edge's rigid separators) or json_schema "
+                             "(its own conversion, as its users get it)")
     rep: int
     prompt_tokens: int
     tokens: int
@@ -127,6 +152,10 @@ class PeerRecord(BaseModel):
     accepted: int
     encode_s: float | None = Field(default=None, description="the tool's prompt read ('encoded ... in S seconds'): "
                                    "the target's, and the draft model's where there is one")
+    answer_s: float | None = Field(default=None, description="llama-server: the request's wall time, the prompt "
+                                   "sent to the answer read (its own timings: encode_s + decode_s)")
+    valid: bool | None = Field(default=None, description="llama-server: as RunRecord.valid")
+    invalid: str | None = Field(default=None, description="llama-server: as RunRecord.invalid")
 
 
 class PeerInfo(BaseModel):
@@ -163,6 +192,12 @@ class SummaryRow(BaseModel):
     host_ms_per_position: float | None = Field(default=None, description="wall time outside llama_decode per "
                                                "decoded position, over the runs (Stats.host_ms_per_position)")
     peak_rss_mib: float | None
+    answer_s: float | None = Field(default=None, description="mean seconds per answer, prompt to last token "
+                                   "(llama-server: the request's wall time)")
+    valid_share: float | None = Field(default=None, description="share of the structured answers that validate "
+                                      "(None: no structured prompt)")
+    forced_share: float | None = Field(default=None, description="share of the structured answers' tokens that "
+                                       "their grammar forced (None: no structured prompt, or a peer)")
 
 
 class Goal(BaseModel):

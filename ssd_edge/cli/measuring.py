@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import settings
-from ..bench.args import BENCH_MODES, BenchArgs, comma_list
+from ..bench.args import BENCH_MODES, PROMPTS_HELP, BenchArgs, comma_list
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
 from ..errors import ConfigError
@@ -88,8 +88,8 @@ def bench(
     category: Annotated[Optional[str], typer.Option("--category", help="only these prompt categories, "
                                                     f"comma-separated: {', '.join(CATEGORIES)}",
                                                     show_default=False)] = None,
-    prompts: Annotated[Optional[str], typer.Option("--prompts", help="a JSONL prompt file instead of the shipped "
-                                                   "suite", show_default=False)] = None,
+    prompts: Annotated[Optional[str], typer.Option("--prompts", metavar="FILE.jsonl|structured", help=PROMPTS_HELP,
+                                                   show_default=False)] = None,
     reps: Annotated[int, typer.Option("--reps", help="passes over the prompt suite (default 1)",
                                       show_default=False)] = 1,
     quick: Annotated[bool, typer.Option("--quick", help="one short prompt per category, 24 tokens, no --peer-k "

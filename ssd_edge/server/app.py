@@ -37,13 +37,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..config import SamplingConfig, SpecConfig
 from ..settings import reason
 from ..structured.constraint import ConstraintError
-from ..structured.tools import needs_template
 from .monitor import CONTENT_TYPE, Monitor
 from .protocol import APIError, ChatRequest, CompletionRequest, bad_request, short, parse
 from .relay import CLIENT_GONE, Relay
 from .reply import Reply
 from .scheduler import Scheduler, Work
-from .shape import Shape, check as check_shape, read as read_shape
+from ..structured.request import Shape, check as check_shape, prompt_tokens, read as read_shape
 
 log = logging.getLogger(__name__)
 
@@ -185,11 +184,10 @@ class API:
         shape = self._shape(req, self.engine.chat_template() if req.tools else None)
         if shape.constraint is not None or shape.choice is not None:  # tools: each one's schema, even unused
             await self._compile(shape)
-        if shape.listed or needs_template(messages):
-            prompt = await run_in_threadpool(_constrained(self.engine.render_chat), messages, shape.listed)
-            tokens = await run_in_threadpool(self.engine.tokenize, prompt, parse_special=True)
-        else:  # a plain chat: llama.cpp's renderer, as before tools existed
-            tokens = await run_in_threadpool(self.engine.prompt_tokens, None, messages)
+        try:  # the model's template with the tools, else llama.cpp's renderer (structured/request.py)
+            tokens = await run_in_threadpool(prompt_tokens, self.engine, messages, shape)
+        except ConstraintError as e:  # the template cannot render these messages
+            raise bad_request(str(e), e.field) from None
         works = self._works(req, tokens, "messages", shape, top)
         return await self._respond(request, req, works, Reply("chat", self.model_id, len(tokens), self.engine.piece,
                                                              top), shape)
@@ -292,16 +290,6 @@ class API:
             return EventSourceResponse(relay.stream(include_usage), ping=15, shutdown_event=anyio.Event(),
                                        shutdown_grace_period=self.stream_grace_s)
         return await relay.whole(request)
-
-
-def _constrained(render: Any) -> Any:
-    """render_chat whose template errors (a ConstraintError on `messages`) are 400s."""
-    def call(messages: Any, tools: Any) -> str:
-        try:
-            return render(messages, tools)
-        except ConstraintError as e:
-            raise bad_request(str(e), e.field) from None
-    return call
 
 
 async def _json(request: Request) -> Any:

@@ -6,7 +6,7 @@ that would change the answer in a way this server cannot honour (best_of, the de
 `functions`) are refused with a 400 that names them, rather than silently dropped. Each endpoint
 reads logprobs in its own OpenAI shape (top()): chat's `logprobs: true` + `top_logprobs`, the
 completions endpoint's `logprobs: N`. What the answer must look like (response_format, tools,
-tool_choice) is read by shape.py.
+tool_choice) is read by structured/request.py.
 
 Beyond OpenAI: llama.cpp's `top_k`, `min_p` and `speculative: {n_max, n_min, p_min}`, and
 `mode` (ar | sd | lookup | ssd | auto). Every response carries a `speculation` object.

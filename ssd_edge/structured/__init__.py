@@ -8,6 +8,7 @@ rows.py         the target's rows under a constraint (the row hook, logprobs), t
 template.py     a GGUF's Jinja chat template, rendered as Hugging Face does (prompts with tools)
 tools.py        OpenAI tools and tool_choice: the prompt and the grammar of a call
 calls.py        tool calls read out of an answer's text, streamed or whole
+request.py      OpenAI's response_format / tools / tool_choice as a Shape: the constraint, the prompt's tools
 """
 
 from .constraint import Compiled, Constraint, ConstraintError, Grammar, JsonObject, JsonSchema, Regex, compile, parse_schema

@@ -31,7 +31,7 @@ def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
     assert len(prompts) >= 20
     assert len({p.id for p in prompts}) == len(prompts)
     cats = {p.category for p in prompts}
-    assert cats == set(schema.CATEGORIES)
+    assert cats == set(schema.TEXT_CATEGORIES)
     sizes = [sum(len(m["content"]) for m in p.messages) for p in prompts]
     assert max(sizes) > 4 * min(sizes)       # varied lengths
     for p in prompts:
@@ -42,7 +42,7 @@ def test_shipped_suite_has_twenty_varied_prompts_in_every_category():
 
 def test_quick_picks_one_prompt_per_category():
     quick = bench_args.quick_prompts(bench_args.load_prompts())
-    assert [p.category for p in quick] == list(schema.CATEGORIES)
+    assert [p.category for p in quick] == list(schema.TEXT_CATEGORIES)
 
 
 def test_a_broken_prompt_file_is_a_one_line_config_error(tmp_path):

@@ -1,4 +1,5 @@
-"""What a request asks its answer to look like: response_format, or tools with tool_choice.
+"""What an OpenAI request asks its answer to look like: response_format, or tools with tool_choice
+(the server's requests and the bench's prompts read the same fields here, into the same Shape).
 
     response_format {"type": "text"}                      free text (the default)
                     {"type": "json_object"}               any JSON object
@@ -18,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..structured import calls, tools
-from ..structured.constraint import Constraint, ConstraintError, JsonObject, JsonSchema, compile
-from ..structured.template import ChatTemplate
+from . import calls, tools
+from .constraint import Constraint, ConstraintError, JsonObject, JsonSchema, compile
+from .template import ChatTemplate
+from .tools import needs_template
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,16 @@ def _response_format(rf: dict[str, Any] | None) -> Constraint | None:
     if "schema" not in spec:
         raise ConstraintError("response_format.json_schema.schema", "give the JSON schema")
     return JsonSchema(spec["schema"], strict=bool(strict), field="response_format.json_schema.schema")
+
+
+def prompt_tokens(engine: Any, messages: list[dict[str, Any]], shape: Shape) -> list[int]:
+    """The chat's prompt tokens under `shape`: the model's own template with the tools the prompt lists
+    (or a history of calls and results), else llama.cpp's renderer, as for a plain chat before tools
+    existed. `engine` is an ssd_edge Engine (render_chat, tokenize, prompt_tokens); a template that
+    cannot render the messages raises ConstraintError."""
+    if shape.listed or needs_template(messages):
+        return engine.tokenize(engine.render_chat(messages, shape.listed), parse_special=True)
+    return engine.prompt_tokens(None, messages)
 
 
 def check(shape: Shape, tokenizer: Any) -> None:
