@@ -53,6 +53,7 @@ class AnswerRows:
     def round(self, draft: Sequence[int] = ()) -> None:
         """A round starts: its rows follow the committed history, then `draft`."""
         self.ahead = list(draft)
+        self._c_shaped = -1  # a C loop's first row follows the whole prefix
 
     def __call__(self, row: np.ndarray, position: int, mask: bool = True) -> bool:
         """Shape the row of `position` in place (mask=False: all but the mask, which the cursor holds
@@ -73,24 +74,25 @@ class AnswerRows:
 
     def _row(self, row: int, n_vocab: int, position: int, previous: int) -> int:
         """The C loop's call: the row (its address) after `previous`, which it drew (or, first, the history's
-        last); or, with no row (0), the notice that it drew `previous` for `position` and decodes it now: the
-        cursor follows it and fills the next mask meanwhile. What it raises stops the loop and is raised
-        from native.steps (native.c: py_row_hook)."""
+        last); or, with no row (0), the notice that it drew `previous` and decodes it now, which needs
+        nothing here. Within one loop the cursor is where the last row left it, so it takes one token;
+        the mask is filled here, not ahead on a thread (measured on the default pair: the hand-off cost
+        what the fill did). What it raises stops the loop and is raised from native.steps (native.c:
+        py_row_hook)."""
         if not row:
-            if position - len(self.history) == len(self.ahead):
-                self.ahead.append(previous)
-                c = self.cursor
-                if c is not None and len(c.tokens) == position - self.n_prompt:
-                    c.push(previous)
-                    c.prefetch()
-            return 0
+            return 0  # a drawn token, decoded now: the next row's call follows it
         if position - len(self.history) > len(self.ahead):
             self.ahead.append(previous)
         view = self._views.get((row, n_vocab))
         if view is None:
             view = np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
             self._views = {(row, n_vocab): view}
-        masked = self(view, position, mask=False)
+        c = self.cursor
+        if c is not None and self._c_shaped == position - 1 and len(c.tokens) == position - self.n_prompt - 1:
+            c.push(previous)  # the loop's last row was this cursor's, and the loop drew `previous` from it
+            masked = c.shape(view, mask=False)
+        else:
+            masked = self(view, position, mask=False)
         self._c_shaped = position
         return 1 if masked else 0
 

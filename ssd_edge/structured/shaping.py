@@ -19,8 +19,6 @@ text before it is free.
 
 from __future__ import annotations
 
-import queue
-import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -79,16 +77,11 @@ class Cursor:
         self.refused: int | None = None  # index of the first token the grammar refused (rows after it: free)
         self.counts: dict[int, int] = {}
         self.mask = np.empty(shaping.words, dtype=np.int32) if self.matcher is not None else None
-        self._pending: _Fill | None = None  # a fill in flight (prefetch), for `_filled` tokens
-        self._filled = -1
 
     # ------------------------------------------------------------ following an answer
     def follow(self, answer: Sequence[int]) -> None:
         """Be at the state after `answer` (the answer's tokens, not the prompt's)."""
         toks = self.tokens
-        if len(answer) == len(toks) and (not toks or answer[-1] == toks[-1]) and self._pending is not None:
-            return  # (the C loop's rows: already followed, when it told of the drawn token)
-        self._settle()
         n = common_prefix(toks, answer if type(answer) is list else list(answer))
         if n < len(toks):
             self._drop(len(toks) - n)
@@ -97,7 +90,6 @@ class Cursor:
 
     def push(self, t: int) -> None:
         """One more answer token."""
-        self._settle()
         i = len(self.tokens)
         self.tokens.append(t)
         if self.s.penalises:
@@ -142,13 +134,11 @@ class Cursor:
     def fork(self) -> "Cursor":
         """A cursor of its own at this one's state, for a pre-speculated branch to grow from: pushes on
         either leave the other as it is (llguidance's deep_copy: a few microseconds)."""
-        self._settle()
         c = Cursor.__new__(Cursor)
         c.s, c.tokens, c.counts = self.s, list(self.tokens), dict(self.counts)
         c.matcher = self.matcher.deep_copy() if self.matcher is not None else None
         c.start, c.fed, c.refused = self.start, self.fed, self.refused
         c.mask = np.empty_like(self.mask) if self.mask is not None else None
-        c._pending, c._filled = None, -1
         return c
 
     # ------------------------------------------------------------ the grammar's view
@@ -174,21 +164,6 @@ class Cursor:
         """Whether the grammar is complete: only an end token may follow."""
         return self.constrained and self.matcher.is_stopped()
 
-    # ------------------------------------------------------------ the mask, filled ahead
-    def prefetch(self) -> None:
-        """Start filling the mask for the prefix followed now, on the filler thread (llguidance releases
-        the interpreter's lock while it fills): a plain step's decode runs meanwhile, and shape() then
-        finds it ready. Following another prefix first waits for it."""
-        if self.constrained and self._pending is None:
-            self._pending = _FILLER.fill(self.matcher, self.mask)
-            self._filled = len(self.tokens)
-
-    def _settle(self) -> None:
-        """Wait for a fill in flight: the matcher is the filler's until it ends."""
-        if self._pending is not None:
-            self._pending.wait()  # raises what the fill met, again at each call: the matcher is not to be trusted
-            self._pending = None
-
     # ------------------------------------------------------------ shaping a row
     def shape(self, row: np.ndarray, mask: bool = True) -> bool:
         """Bias, penalties and the grammar's mask on `row` (float32, in place), for the position after
@@ -206,11 +181,7 @@ class Cursor:
             ok = ids < len(row)  # a draft's vocabulary may stop short of the target's padding tokens
             row[ids[ok]] -= (s.presence + s.frequency * n)[ok]
         if self.constrained:
-            if self._pending is not None and self._filled == len(self.tokens):
-                self._settle()  # filled while the row was decoded
-            else:
-                self._settle()
-                self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+            self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
             if mask:
                 apply_mask(row, self.mask)
             return True
@@ -233,52 +204,3 @@ def apply_mask(row: np.ndarray, mask: np.ndarray) -> None:
     n = min(len(row), len(ok))
     row[:n][~ok[:n]] = -np.inf
     row[n:] = -np.inf
-
-
-class _Fill:
-    """One fill in flight: it holds the mask it writes (alive until the fill ends, whatever becomes of
-    its cursor) and what went wrong, for the cursor to raise."""
-
-    def __init__(self, matcher: Any, mask: np.ndarray) -> None:
-        self.matcher, self.mask = matcher, mask
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
-        except BaseException as e:  # the cursor raises it; the thread goes on filling the next
-            self.error = e
-        finally:
-            self.done.set()
-
-    def wait(self) -> None:
-        self.done.wait()
-        if self.error is not None:
-            raise RuntimeError(f"the grammar's mask could not be filled: {self.error}") from self.error
-
-
-class _Filler:
-    """One daemon thread that fills masks ahead (Cursor.prefetch): llguidance drops the interpreter's lock
-    while it fills, so the fill runs beside whatever the engine's thread waits on (a plain step's decode)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def fill(self, matcher: Any, mask: np.ndarray) -> _Fill:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ssd-edge-mask", daemon=True)
-                self._thread.start()
-        job = _Fill(matcher, mask)
-        self._jobs.put(job)
-        return job
-
-    def _run(self) -> None:
-        while True:
-            self._jobs.get().run()
-
-
-_FILLER = _Filler()

@@ -157,26 +157,6 @@ def test_a_fork_goes_its_own_way():
     assert row[ids("1")[0]] == -1.0 and f.tokens == ids('{"a": 12') and c.tokens == ids('{"a": ')
 
 
-def test_a_failed_fill_is_raised_and_the_filler_goes_on():
-    """A mask fill that fails on the filler thread is raised where the cursor waits for it; the thread
-    lives on for the next fill."""
-
-    class Broken:
-        def unsafe_compute_mask_ptr(self, address, size):
-            raise ValueError("no mask today")
-
-    s = Shaping(SamplingConfig(), compile(JsonSchema({"type": "object"}), TOK), TOK, MODEL.is_eog)
-    c = s.cursor()
-    c.matcher = Broken()
-    c.prefetch()
-    with pytest.raises(RuntimeError, match="no mask today"):
-        c.shape(np.zeros(V, dtype=np.float32))
-    good = s.cursor()
-    assert allowed(s, "", good) == "{"
-    good.prefetch()
-    good._settle()
-
-
 def test_forced_runs_learn_their_acceptance_from_a_prior_of_one():
     """Forced tokens go whole while they are accepted; refused ones lower the rate, and a run is then cut
     where the chance of reaching its next token is under the floor (one token at least)."""
