@@ -64,8 +64,9 @@ def test_structured_bench_on_the_small_pair(small_pair, tmp_path, monkeypatch):
 @pytest.mark.skipif(peer_server.find() is None, reason="llama-server is not built: scripts/build_llama_tools.sh "
                     "builds it (about 20 minutes on 2 cores); the bench then runs it as the structured peer")
 def test_llama_server_runs_as_the_structured_peer(small_pair, tmp_path, monkeypatch):
+    built = peer_server.find()  # in the real home: the test's own home holds no llama.cpp tools
     monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))
-    result = bench(small_pair, tmp_path, "--modes", "ar")
+    result = bench(small_pair, tmp_path, "--modes", "ar", "--llama-tools", str(built.parent))
     assert not result.peer.errors, result.peer.errors
     peer = {(r.kind, r.prompt_id): r for r in result.peer.runs}
     assert set(peer) == {(k, p["id"]) for k in peer_server.KINDS for p in PROMPTS}
