@@ -119,6 +119,12 @@ class SkipGate:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # a module may leave out some of its parametrized cases: its `case_runs(item, config)` says which run
+    # (deselected, not skipped: the others are not run on purpose)
+    left_out = [item for item in items if not getattr(item.module, "case_runs", lambda *_: True)(item, config)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
     clock = config.pluginmanager.get_plugin(LayerClock.name)
     items.sort(key=lambda item: LAYERS.index(_layer(item)) if _layer(item) in LAYERS else len(LAYERS))  # fast first
     for item in items:
