@@ -166,13 +166,20 @@ class SpecConfig(_Strict):
         return v
 
 
+DRAFT_CAP = 8  # most draft-model tokens a round verifies when --draft-max is not given (planning/planner.py)
+
+
 class PrespecConfig(_Strict):
     """SSD pre-speculation: which verification outcomes to prepare, and when to stop."""
 
-    budget_cells: int = Field(default=64, ge=0, description="draft KV cells that branches may hold at once")
+    # The defaults hold a branch for every acceptance length of the longest draft, k + 1 outcomes of k cells
+    # each (k = DRAFT_CAP, or --draft-max where given: EngineConfig sizes them)
+    budget_cells: int = Field(default=(DRAFT_CAP + 1) * DRAFT_CAP, ge=0,
+                              description="draft KV cells that branches may hold at once")
     min_confidence: float = Field(default=0.02, ge=0.0, le=1.0,
                                   description="prepare an outcome only if its estimated probability is at least this")
-    fanout_max: int = Field(default=4, ge=1, le=32, description="most outcomes prepared per round (the window grows up to it)")
+    fanout_max: int = Field(default=DRAFT_CAP + 1, ge=1, le=32,
+                            description="most outcomes prepared per round (the window shrinks from it and grows back)")
     fanout_min: int = Field(default=1, ge=1, le=32)
     backup_after_misses: int = Field(default=2, ge=1, description="consecutive misses before the backup speculator is considered")
     rollback_after_misses: int = Field(default=6, ge=1, description="consecutive misses before falling back to plain sd")
@@ -198,6 +205,18 @@ class EngineConfig(_Strict):
                                       "the draft until its estimate fits (memory.fit_budget)")
     threads_follow_mode: bool = Field(default=False, description="re-split threads for each generation's mode "
                                       "(split_threads) instead of the fixed target/draft counts")
+
+    @model_validator(mode="after")
+    def _branch_room(self) -> "EngineConfig":
+        """Pre-speculation's room not given is sized from the draft length given (--draft-max): a branch
+        for each acceptance length, k cells each."""
+        k, p = self.spec.k, self.prespec
+        if k is not None and k != DRAFT_CAP:
+            if "fanout_max" not in p.model_fields_set:
+                p.fanout_max = max(min(k + 1, 32), p.fanout_min)
+            if "budget_cells" not in p.model_fields_set:
+                p.budget_cells = (k + 1) * k
+        return self
 
     @model_validator(mode="after")
     def _draft_local(self) -> "EngineConfig":

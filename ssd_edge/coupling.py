@@ -29,17 +29,18 @@ communication); on the peaked distributions of a good draft the difference is sm
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
 from .config import SamplingConfig
-from .sampling import support
+from .sampling import Heads, support
 
 try:  # compiled at install (setup.py); without it, numpy draws the same
-    from .native import argmax as compiled_argmax, draw as compiled_draw, gumbel as compiled_gumbel
+    from .native import (argmax as compiled_argmax, draw as compiled_draw, gumbel as compiled_gumbel,
+                         head_draws as compiled_head_draws)
 except ImportError:  # pragma: no cover - a build without the extension
-    compiled_argmax = compiled_draw = compiled_gumbel = None
+    compiled_argmax = compiled_draw = compiled_gumbel = compiled_head_draws = None
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -105,6 +106,23 @@ def gumbel_pick(p: np.ndarray, seed: int, position: int) -> int:
     """Draw from a dense probability row p (V,) with the noise of (seed, position)."""
     ids = np.flatnonzero(p)
     return gumbel_draw(ids, p[ids], seed, position)
+
+
+def head_draws(heads: Heads, s: SamplingConfig, seed: int, positions: Sequence[int]) -> np.ndarray:
+    """draw() for rows handed over as heads (sampling.Heads; row i at positions[i]), in one pass over all
+    of them: argmax log p + G over each head's sampling distribution. The draw from the whole row where
+    the head is wider than top-k (sampling.head_width), up to the last bit of the arithmetic."""
+    w = heads.ids.shape[1]
+    if compiled_head_draws is not None and 0 < s.top_k < w:  # the same in C, one call (ssd_edge/native.c)
+        got = compiled_head_draws(np.ascontiguousarray(heads.ids), np.ascontiguousarray(heads.logits), w, s.top_k,
+                                  s.top_p, s.min_p, s.temperature, int(seed) % (1 << 64),
+                                  np.asarray(positions, np.int64))
+        if got is not None:
+            return np.frombuffer(got, dtype=np.int64)
+    logp = heads.chain(s)
+    ids = heads.ids[:, :logp.shape[1]]
+    g = gumbels(seed, np.asarray(positions, np.int64)[:, None], ids)
+    return ids[np.arange(len(ids)), np.argmax(logp + g, axis=1)]
 
 
 def argmax(logits: np.ndarray) -> int:

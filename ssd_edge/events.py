@@ -146,13 +146,19 @@ class PrespecStats:
     budget_bytes: int
     # misses by why (MISS_REASONS): not-ready, wrong-token, wrong-count, none-ranked, off-path
     miss_reasons: Mapping[str, int] = field(default_factory=dict)
+    # by the verified round's accepted count a (0..k): (lookups, hits); which acceptance lengths the
+    # prepared branches serve
+    hits_by_accepted: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    complete_at_lookup: float | None = None  # branches complete (drafted to depth) at a lookup, on average
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "miss_reasons", _frozen(self.miss_reasons))
+        object.__setattr__(self, "hits_by_accepted", _frozen(self.hits_by_accepted))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["miss_reasons"] = dict(self.miss_reasons)
+        out["hits_by_accepted"] = {str(a): list(nh) for a, nh in self.hits_by_accepted.items()}
         return out
 
 

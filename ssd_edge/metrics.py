@@ -53,10 +53,29 @@ class BranchTally:
         self._cells = 0       # KV cells the branches hold now
         self._cells_peak = 0
         self._misses: Counter[str] = Counter()  # lookups that found no branch, by why (MISS_REASONS)
+        self._by_accepted: dict[int, list[int]] = {}  # the round's accepted count -> [lookups, hits]
+        self._complete = [0, 0]  # branches complete at a lookup: their sum, the lookups counted
 
     def add_miss(self, reason: str) -> None:
         with self._lock:
             self._misses[reason] += 1
+
+    def add_lookup(self, accepted: int | None, hit: bool, complete: int) -> None:
+        """A lookup of the round that accepted `accepted` drafted tokens (None: off the prepared path),
+        whether it found a finished branch, and how many branches were complete then."""
+        with self._lock:
+            if accepted is not None:
+                row = self._by_accepted.setdefault(accepted, [0, 0])
+                row[0] += 1
+                row[1] += hit
+            self._complete[0] += complete
+            self._complete[1] += 1
+
+    def lookups(self) -> tuple[dict[int, tuple[int, int]], float | None]:
+        """({accepted count: (lookups, hits)}, the mean count of branches complete at a lookup)."""
+        with self._lock:
+            by = {a: (n, h) for a, (n, h) in sorted(self._by_accepted.items())}
+            return by, self._complete[0] / self._complete[1] if self._complete[1] else None
 
     def misses(self) -> dict[str, int]:
         with self._lock:
@@ -186,6 +205,7 @@ class Meter:
         all_lat = [x for v in self.latency_ms.values() for x in v]
         miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
         prepared, used, _, cells_peak = self.branches.read()
+        by_accepted, complete = self.branches.lookups()
         seconds, rows = DECODES.read()
         in_decode_s, positions = seconds - self.decodes0[0], rows - self.decodes0[1]
         prespec = PrespecStats(
@@ -197,7 +217,7 @@ class Meter:
             latency_ms_miss_p50=_pct(miss_lat, 50), latency_ms_miss_p95=_pct(miss_lat, 95),
             prepared_tokens=prepared, used_tokens=used, waste=1 - used / prepared if prepared else None,
             branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes,
-            miss_reasons=self.branches.misses())
+            miss_reasons=self.branches.misses(), hits_by_accepted=by_accepted, complete_at_lookup=complete)
         return Stats(
             mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=self.steps, wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),

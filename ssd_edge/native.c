@@ -8,8 +8,9 @@
  * steps(call): mode ar's plain decoding steps in one call (llama_decode, then argmax_core or support_core and
  * gumbel_core on its row, then the drawn token decoded next, ...), llama.cpp's functions by address.
  *
- * spin(seconds): wait that long on this core, the interpreter's lock released, as a CUDA host thread
- * waits for its GPU (it spins: the core stays awake and its caches warm). The priced backend's wait.
+ * spin(seconds[, flag]): wait that long on this core, the interpreter's lock released, as a CUDA host thread
+ * waits for its GPU (it spins: the core stays awake and its caches warm), or until the byte at address
+ * `flag` turns non-zero (an abort). The priced backend's wait.
  *
  * top_ids(row, k) -> bytes: k int64 ids; those above the k-th largest value in ascending order, then
  * those equal to it in ascending order (ties at the boundary go to the lower ids), exactly as
@@ -27,6 +28,12 @@
  * starts at the k-th largest of those: k groups hold a value at or above it, so the k-th largest value of
  * the row is too. The second pass looks only at the groups whose largest value reaches t, in row order:
  * a few dozen of a vocabulary's 296, so the row is read once at the speed of a max.
+ *
+ * The calls on one row (argmax, top_ids, head, support, draw, masked_draw, mask) keep the interpreter's lock:
+ * each takes 10-60 us, and releasing the lock for that long hands the interpreter to the other thread
+ * (SSD's worker between two branch decodes) for as long as its Python runs, while the engine waits to get
+ * it back; on the priced H200 a verify's draws took 1.6 ms instead of 0.4 that way. spin and steps, which
+ * wait on a device or run whole decodes, release it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -342,9 +349,7 @@ static PyObject *argmax(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     Py_ssize_t i;
-    Py_BEGIN_ALLOW_THREADS
     i = argmax_core((const float *)buf.buf, n, bound);
-    Py_END_ALLOW_THREADS
     free(bound);
     PyBuffer_Release(&buf);
     return PyLong_FromSsize_t(i);
@@ -358,9 +363,7 @@ static void mask_core(float *x, Py_ssize_t n, const uint32_t *w, Py_ssize_t word
 static PyObject *mask(PyObject *self, PyObject *args) {
     Py_buffer row, bits;
     if (!PyArg_ParseTuple(args, "w*y*", &row, &bits)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
     mask_core((float *)row.buf, row.len / (Py_ssize_t)sizeof(float), (const uint32_t *)bits.buf, bits.len / 4);
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&row);
     PyBuffer_Release(&bits);
     Py_RETURN_NONE;
@@ -382,9 +385,7 @@ static PyObject *top_ids(PyObject *self, PyObject *args) {
         return NULL;
     }
     int ok;
-    Py_BEGIN_ALLOW_THREADS
     ok = topk_padded((const float *)buf.buf, n, k, (int64_t *)PyBytes_AS_STRING(out));
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     if (ok == 1) return out;
     Py_DECREF(out);
@@ -574,9 +575,7 @@ static PyObject *support(PyObject *self, PyObject *args) {
     double *p;
     Py_ssize_t m = 0;
     int ok;
-    Py_BEGIN_ALLOW_THREADS
     ok = support_core(x, n, k, top_p, min_p, temperature, &idx, &p, &m);
-    Py_END_ALLOW_THREADS
     PyObject *out = ids_and_probs(ok, idx, p, m);
     free(idx);
     free(p);
@@ -611,7 +610,6 @@ static PyObject *head(PyObject *self, PyObject *args) {
     double *p = malloc((size_t)k * sizeof(double));
     PyObject *out = NULL;
     int ok = (idx && sc && p) ? 1 : -1;
-    Py_BEGIN_ALLOW_THREADS
     if (ok == 1) ok = topk_padded(x, n, k, idx);
     if (ok == 1) {
         for (Py_ssize_t j = 0; j < k; j++) {
@@ -626,7 +624,6 @@ static PyObject *head(PyObject *self, PyObject *args) {
         double total = np_sum(p, k);
         for (Py_ssize_t j = 0; j < k; j++) p[j] /= total;
     }
-    Py_END_ALLOW_THREADS
     out = ids_and_probs(ok, idx, p, k);
     free(idx);
     free(sc);
@@ -682,6 +679,54 @@ static PyObject *gumbel(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(best);
 }
 
+/* head_draws(ids, logits, width, top_k, top_p, min_p, temperature, seed, positions) -> bytes of int64 tokens or
+ * None: coupling.head_draws for rows handed over as heads (sampling.Heads: n rows of `width` int64 ids and
+ * float32 logits, most likely first; positions: n int64), top_k < width. Each row is support_core's over its
+ * head (positions in the head, mapped to the head's ids), then gumbel_core with the row's position: the
+ * whole row's draw where the head is wider than top-k. None where a row needs the numpy path. */
+static PyObject *head_draws(PyObject *self, PyObject *args) {
+    Py_buffer ids_buf, logits_buf, pos_buf;
+    Py_ssize_t width, k;
+    double top_p, min_p, temperature;
+    unsigned long long seed;
+    if (!PyArg_ParseTuple(args, "y*y*nndddKy*", &ids_buf, &logits_buf, &width, &k, &top_p, &min_p, &temperature,
+                          &seed, &pos_buf)) return NULL;
+    const Py_ssize_t n = pos_buf.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *out = NULL;
+    if (width < 2 || k < 1 || k >= width || temperature <= 0.0 || ids_buf.len != n * width * (Py_ssize_t)sizeof(int64_t)
+        || logits_buf.len != n * width * (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "head_draws: need n heads of width ids and logits, 1 <= top_k < width");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) goto done;
+    int64_t *tokens = (int64_t *)PyBytes_AS_STRING(out);
+    const int64_t *ids = (const int64_t *)ids_buf.buf, *positions = (const int64_t *)pos_buf.buf;
+    const float *logits = (const float *)logits_buf.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t *idx;
+        double *p;
+        Py_ssize_t m = 0;
+        int ok = support_core(logits + i * width, width, k, top_p, min_p, temperature, &idx, &p, &m);
+        if (ok == 1) {
+            for (Py_ssize_t j = 0; j < m; j++) idx[j] = ids[i * width + idx[j]];
+            tokens[i] = m == 1 ? idx[0] : gumbel_core(idx, p, m, seed, (uint64_t)positions[i]);
+        }
+        free(idx);
+        free(p);
+        if (ok != 1) {
+            Py_CLEAR(out);
+            if (ok < 0) PyErr_NoMemory(); else out = Py_NewRef(Py_None);
+            break;
+        }
+    }
+done:
+    PyBuffer_Release(&ids_buf);
+    PyBuffer_Release(&logits_buf);
+    PyBuffer_Release(&pos_buf);
+    return out;
+}
+
 /* draw(row, top_k, top_p, min_p, temperature, seed, position) -> the coupled draw from the row's support, or
  * None (the numpy path decides): coupling.draw for top_k > 0, support_core then gumbel_core in one call */
 static PyObject *draw(PyObject *self, PyObject *args) {
@@ -698,10 +743,8 @@ static PyObject *draw(PyObject *self, PyObject *args) {
     Py_ssize_t m = 0;
     int64_t best = 0;
     int ok;
-    Py_BEGIN_ALLOW_THREADS
     ok = support_core(x, n, k, top_p, min_p, temperature, &idx, &p, &m);
     if (ok == 1) best = m == 1 ? idx[0] : gumbel_core(idx, p, m, seed, position);
-    Py_END_ALLOW_THREADS
     free(idx);
     free(p);
     PyBuffer_Release(&buf);
@@ -816,10 +859,8 @@ static PyObject *masked_draw(PyObject *self, PyObject *args) {
     int ok = -1;
     int64_t best = 0;
     if (bound != NULL && n > 0 && k >= 0 && k < n && (k == 0 || temperature > 0.0)) {
-        Py_BEGIN_ALLOW_THREADS
         ok = masked_draw_core((float *)buf.buf, n, (const uint32_t *)bits.buf, bits.len / 4, k, top_p, min_p,
                               temperature, seed, position, bound, &best);
-        Py_END_ALLOW_THREADS
     } else if (bound != NULL) {
         ok = -2;
     }
@@ -841,15 +882,123 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* copy_rows(out, src, index, width): out's row i = src's row index[i] (float32 rows of `width`), with the
+ * interpreter's lock released: the priced backend's rows are its device's work, not the host thread's
+ * (bench/priced/backend.py rows_for: 9 rows of 152k floats are 1.5 ms of copying on a slow core). */
+static PyObject *copy_rows(PyObject *self, PyObject *args) {
+    Py_buffer out, src, index;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "w*y*y*n", &out, &src, &index, &width)) return NULL;
+    const Py_ssize_t n = index.len / (Py_ssize_t)sizeof(int64_t), rows = width > 0 ? src.len / (width * 4) : 0;
+    const int64_t *at = (const int64_t *)index.buf;
+    int ok = width > 0 && out.len >= n * width * 4;
+    for (Py_ssize_t i = 0; ok && i < n; i++) ok = at[i] >= 0 && at[i] < rows;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            memcpy((float *)out.buf + i * width, (const float *)src.buf + at[i] * width, (size_t)width * sizeof(float));
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&out);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&index);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "copy_rows: an index past src, or out too small");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The priced pair's language (bench/priced/backend.py choices(), the reference the tests hold this to):
+ * splitmix64 hashes of a context, in the same arithmetic as its Python. */
+static uint64_t mix_g(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+/* x < fraction * 2**64, exactly as Python compares an int with a float */
+static int below(uint64_t x, double fraction) {
+    const double t = fraction * 18446744073709551616.0;
+    if (t >= 18446744073709551616.0) return 1;
+    if (t <= 0.0) return 0;
+    const uint64_t floor_t = (uint64_t)t;  /* t < 2**64: exact where t >= 2**53, a floor below */
+    return (double)floor_t == t ? x < floor_t : x <= floor_t;
+}
+
+#define PRICED_WORD0 256
+#define PRICED_WORDS (151643 - 256)
+
+static int64_t priced_word(uint64_t h, int64_t a, int64_t b, int64_t c) {
+    int64_t w = PRICED_WORD0 + (int64_t)(h % PRICED_WORDS);
+    while (w == a || w == b || w == c) w = PRICED_WORD0 + (w - PRICED_WORD0 + 1) % PRICED_WORDS;
+    return w;
+}
+
+/* priced_choices(tails, lengths, positions, agreement, ties, pool, runner_up) -> bytes: n rows of 5 int64, each
+ * choices(tail[:length], position, agreement or None (agreement < 0), ties) of backend.py */
+static PyObject *priced_choices(PyObject *self, PyObject *args) {
+    Py_buffer tails, lengths, positions;
+    double agreement, ties, runner_up;
+    long long pool;
+    if (!PyArg_ParseTuple(args, "y*y*y*ddLd", &tails, &lengths, &positions, &agreement, &ties, &pool, &runner_up))
+        return NULL;
+    const Py_ssize_t n = positions.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *out = NULL;
+    if (lengths.len != positions.len || tails.len != 3 * positions.len || pool < 1) {
+        PyErr_SetString(PyExc_ValueError, "priced_choices: n tails of 3, n lengths, n positions");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * 5 * (Py_ssize_t)sizeof(int64_t));
+    if (out == NULL) goto done;
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(out);
+    const int64_t *tl = (const int64_t *)tails.buf, *len = (const int64_t *)lengths.buf, *pos = (const int64_t *)positions.buf;
+    for (Py_ssize_t i = 0; i < n; i++, o += 5) {
+        uint64_t h = mix_g((uint64_t)pos[i]);
+        for (int64_t j = 0; j < len[i] && j < 3; j++) h = mix_g(h ^ (uint64_t)tl[3 * i + j]);
+        const int64_t fav = priced_word(h, -1, -1, -1);
+        const int tied = ties > 0.0 && below(mix_g(h ^ 0x71E50B0EULL), ties);
+        if (agreement < 0.0 || below(mix_g(h ^ 0x5EEDA9E5ULL), agreement)) {
+            o[0] = (int64_t)(h % (uint64_t)pool);
+            o[1] = fav;
+            o[2] = priced_word(mix_g(h ^ 1), fav, -1, -1);
+            o[3] = priced_word(mix_g(h ^ 2), fav, -1, -1);
+            o[4] = tied;
+            continue;
+        }
+        const uint64_t d = mix_g(h ^ 0xD4AF7001ULL);
+        const int64_t mine = priced_word(d, fav, -1, -1);
+        const int64_t second = below(mix_g(d ^ 3), runner_up) ? fav : priced_word(mix_g(d ^ 1), fav, mine, -1);
+        o[0] = (int64_t)(d % (uint64_t)pool);
+        o[1] = mine;
+        o[2] = second;
+        o[3] = priced_word(mix_g(d ^ 2), fav, mine, second);
+        o[4] = 0;
+    }
+done:
+    PyBuffer_Release(&tails);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&positions);
+    return out;
+}
+
 static PyObject *spin(PyObject *self, PyObject *args) {
     double seconds;
-    if (!PyArg_ParseTuple(args, "d", &seconds)) return NULL;
+    unsigned long long flag = 0;
+    if (!PyArg_ParseTuple(args, "d|K", &seconds, &flag)) return NULL;
+    const volatile char *stop = (const volatile char *)(uintptr_t)flag;
+    int stopped = 0;
     Py_BEGIN_ALLOW_THREADS
     const double until = now_s() + seconds;
     while (now_s() < until) {
+        if (stop != NULL && *stop) {
+            stopped = 1;
+            break;
+        }
     }
     Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
+    return PyBool_FromLong(!stopped);
 }
 
 /* llama.cpp's batch and the three functions steps() calls, as the pinned llama.h declares them (llama_token,
@@ -1085,7 +1234,14 @@ static PyObject *scan_width(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"scan_width", scan_width, METH_VARARGS,
      "scan_width([width]) -> the top-k pass's width (4, or 8 with AVX); with an argument, set it (tests)."},
-    {"spin", spin, METH_VARARGS, "spin(seconds): busy-wait that long with the interpreter's lock released."},
+    {"head_draws", head_draws, METH_VARARGS,
+     "head_draws(ids, logits, width, top_k, top_p, min_p, temperature, seed, positions) -> bytes or None"},
+    {"copy_rows", copy_rows, METH_VARARGS, "copy_rows(out, src, index, width): out[i] = src[index[i]], unlocked."},
+    {"priced_choices", priced_choices, METH_VARARGS,
+     "priced_choices(tails, lengths, positions, agreement, ties, pool, runner_up) -> bytes (n x 5 int64)"},
+    {"spin", spin, METH_VARARGS,
+     "spin(seconds[, flag]): busy-wait that long with the interpreter's lock released; False if the byte at address "
+     "flag turned non-zero first (an abort)."},
     {"support", support, METH_VARARGS,
      "support(row, top_k, top_p, min_p, temperature) -> (ids, p) as bytes (int64 ascending, float64), or None: "
      "sampling.support's chain on the row's top_k candidates."},

@@ -207,3 +207,56 @@ def reshape_saguaro(q: np.ndarray, top: int, factor: float) -> np.ndarray:
     top_idx = np.argpartition(-q, min(top, nz - 1))[:min(top, nz - 1)]
     out[top_idx] *= factor
     return out / out.sum()
+
+
+class Heads(NamedTuple):
+    """The largest logits of some rows, most likely first (ties to the lower id): all a branch's draft
+    step reads of its row, and all a backend that finds candidates where it makes them (a GPU's top-k,
+    the priced pair) hands over, instead of whole rows of the vocabulary."""
+
+    ids: np.ndarray     # (n, w) int64
+    logits: np.ndarray  # (n, w) float32
+
+    def probs(self, temperature: float, k: int = HEAD) -> np.ndarray:
+        """(n, k) float64: each row's first k at `temperature`, normalised over those k, as head_probs."""
+        z = self.logits[:, :k].astype(np.float64) / max(temperature, 1e-3)
+        p = np.exp(z - z[:, :1])
+        return p / p.sum(axis=1, keepdims=True)
+
+    def chain(self, s: SamplingConfig) -> np.ndarray:
+        """(n, w) float64: each head's log-probabilities under the sampling chain (support(), llama.cpp's
+        order: top-k, top-p, min-p, temperature), -inf where the chain drops a token; the whole row's
+        where the head is wider than top-k (0 < top_k < w), else the head's share of it."""
+        x = self.logits.astype(np.float64)
+        if 0 < s.top_k < x.shape[1]:
+            x = x[:, :s.top_k]  # (most likely first: the first k are the k largest)
+        keep = np.ones(x.shape, bool)
+        if s.top_p < 1.0:  # at temperature 1, the descending prefix whose mass reaches top_p (its last included)
+            p1 = np.exp(x - x[:, :1])
+            p1 /= p1.sum(axis=1, keepdims=True)
+            keep &= np.cumsum(p1, axis=1) - p1 < s.top_p
+        if s.min_p > 0.0:
+            keep &= x >= x[:, :1] + np.log(s.min_p)
+        z = np.where(keep, x / s.temperature, -np.inf)
+        z -= z[:, :1]
+        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def head_width(s: SamplingConfig) -> int:
+    """How many of a row's largest logits a head keeps: HEAD for the candidates and confidence, one more
+    than the chain's top-k so that a draw from the head is the draw from the whole row."""
+    return max(HEAD, s.top_k + 1 if s.top_k > 0 else HEAD)
+
+
+def heads_of(rows: np.ndarray, width: int) -> Heads:
+    """The heads of whole logit rows (in C where the extension is built: one pass a row)."""
+    n = len(rows)
+    width = min(width, rows.shape[1]) if n else width
+    ids = np.empty((n, width), np.int64)
+    logits = np.empty((n, width), np.float32)
+    for i, row in enumerate(rows):
+        top = top_ids(row, width)
+        z = row[top]
+        order = np.lexsort((top, -z))  # most likely first, ties to the lower id
+        ids[i], logits[i] = top[order], z[order]
+    return Heads(ids, logits)

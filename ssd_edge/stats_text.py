@@ -108,6 +108,8 @@ def stats_table(stats: Stats) -> Table:
             ("hit rate", f"{_num(pre.hit_rate)} ({pre.health})"),
             ("misses by why", ", ".join(f"{k} {v}" for k, v in sorted(pre.miss_reasons.items(), key=lambda kv: -kv[1]))
              or "–"),
+            ("hits by accepted count", " ".join(f"{a}:{h}/{n}" for a, (n, h) in pre.hits_by_accepted.items()) or "–"),
+            ("branches complete at a lookup", _num(pre.complete_at_lookup, ".1f")),
             ("latency hit p50 / miss p50",
              f"{_num(pre.latency_ms_hit_p50, '.0f')} / {_num(pre.latency_ms_miss_p50, '.0f')} ms"),
             ("prepared / used tokens", f"{pre.prepared_tokens} / {pre.used_tokens}"),

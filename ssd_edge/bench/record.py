@@ -108,6 +108,8 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         ttft_s=st.ttft_s, decode_s=st.decode_s, tokens_per_s=st.tokens_per_s, latencies_ms=latencies,
         drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
         lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits, miss_reasons=dict(pre.miss_reasons),
+        hits_by_accepted={str(a): list(nh) for a, nh in pre.hits_by_accepted.items()},
+        complete_at_lookup=pre.complete_at_lookup,
         draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
         positions=st.positions, peak_rss_mib=rss.peak / 2**20,
         memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),

@@ -114,6 +114,9 @@ class RunRecord(BaseModel):
     hits: int
     partial_hits: int
     miss_reasons: dict[str, int] = Field(default_factory=dict, description="misses by why (events.MISS_REASONS)")
+    hits_by_accepted: dict[str, list[int]] = Field(default_factory=dict, description="by the looked-up round's "
+                                                   "accepted count: [lookups, hits] (PrespecStats)")
+    complete_at_lookup: float | None = Field(default=None, description="branches complete at a lookup, on average")
     draft_busy_s: float
     target_busy_s: float
     in_decode_s: float = Field(default=0.0, description="time inside llama_decode on the generating thread (Stats)")

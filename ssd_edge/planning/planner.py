@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Sequence
 
 import numpy as np
 
+from ..config import DRAFT_CAP  # noqa: F401 (most draft-model tokens a round verifies without --draft-max)
 from ..speculation.drafters import EMPTY, Candidates, Draft
 from ..speculation.proposer import PLAIN, Ask, Decision, Offer, Proposer, Verified
 from .costs import Costs, describe_regime
@@ -62,7 +63,6 @@ if TYPE_CHECKING:  # the modes that pre-speculate import these alone
 
 log = logging.getLogger(__name__)
 
-DRAFT_CAP = 8    # most draft-model tokens a round verifies when --draft-max is not given
 NGRAM_CAP = 16   # most n-gram tokens likewise (an exact copy costs nothing to draft)
 FIXED_K = 3      # the fixed modes' draft length without --draft-max (llama.cpp's default)
 PLAIN_MARGIN = 0.03  # a speculative plan must beat a plain step by this much (estimates carry noise)
@@ -301,7 +301,7 @@ class Rounds:
         for p in self.proposers if v is not None else ():
             p.observe(v)
         if self.policy is not None:
-            self.policy.observe_round(ms_per_token)
+            self.policy.observe_round(ms_per_token, accepted + 1)
 
     def report(self) -> dict[str, Any] | None:
         """Mode auto's planner report (Stats.auto): the planner's and each proposer's; None in the other modes."""

@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..config import SamplingConfig
-from ..coupling import Drawer, argmax, gumbel_draw
+from ..coupling import Drawer, argmax, gumbel_draw, head_draws
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
-from ..sampling import Support, head_probs, reshape_saguaro, support
+from ..sampling import Heads, Support, head_probs, reshape_saguaro, support
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,10 @@ class Candidates:
     probs: np.ndarray  # (m,) float64
 
 
-def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = 8) -> Candidates:
+CANDIDATES = 8  # a drafted position's candidates kept for SSD's outcome ranking
+
+
+def top_candidates(logits: np.ndarray, temperature: float = 1.0, m: int = CANDIDATES) -> Candidates:
     """The draft's m likeliest tokens at `temperature`, from the row's largest logits (sampling.head_probs)."""
     head = head_probs(logits, temperature)
     return Candidates(head.ids[:m], head.p[:m])
@@ -188,6 +191,26 @@ class ModelDrafter:
             return self._draw(logits, position)
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return argmax(logits) if q is None else gumbel_draw(*q, self.seed, position)
+
+    @property
+    def reads_heads(self) -> bool:
+        """Whether a branch's rows may come as heads alone (picks()): nothing reshapes its rows (a
+        constraint, SAGUARO's q), which would need the whole row."""
+        return self.shape is None and self.saguaro[1] >= 1.0
+
+    def picks(self, heads: Heads, positions: Sequence[int]
+              ) -> tuple[list[int], list[Candidates], np.ndarray | None]:
+        """pick() for the rows a backend handed over as heads (reads_heads): (the tokens, their rows'
+        candidates, each row's top probability at temperature 1 where --draft-p-min reads it). Greedy, each head's
+        first; sampled, the coupled draw from the head's own sampling distribution (the whole row's draw
+        where the head is wider than the chain's top-k, sampling.head_width)."""
+        temp = self.cand_temperature()
+        p = heads.probs(temp)
+        top1 = None if self.p_min <= 0 else p[:, 0] if temp == 1.0 else heads.probs(1.0)[:, 0]
+        cands = [Candidates(heads.ids[i, :CANDIDATES], p[i, :CANDIDATES]) for i in range(len(p))]
+        if self.greedy:
+            return heads.ids[:, 0].tolist(), cands, top1
+        return head_draws(heads, self.sampling, self.seed, positions).tolist(), cands, top1
 
     def propose(self, history: Sequence[int], k: int, cancelled: Callable[[], bool] | None = None,
                 go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:

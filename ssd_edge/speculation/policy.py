@@ -1,7 +1,7 @@
 """The SSD policy: what the SAGUARO design asks of pre-speculation, as inputs to the round planner.
 
-- the window (how many outcomes to prepare) grows while the hit rate and acceptance are high and
-  shrinks when they are low;
+- the window (how many outcomes to prepare) starts at the whole tree (a branch per acceptance length),
+  shrinks when branches are found unfinished and grows back when the outcome was one it did not hold;
 - after `backup_after_misses` consecutive misses the n-gram backup is offered to the planner
   (backup_ready), which serves a miss with it when it is expected faster than drafting just in time;
 - after `rollback_after_misses` consecutive misses pre-speculation is switched off (the planner
@@ -27,11 +27,7 @@ from ..metrics import Ema
 
 State = Literal["ssd", "rolled-back", "sla-cut"]
 
-# The window's own thresholds (the UI's health colours, events.HIT_RATE_*, are a separate choice
-# that happens to share these values): over the last 16 lookups,
-GROW_HIT_RATE = 0.70     # at least this hit rate (with acceptance >= GROW_ACCEPTANCE): one more outcome
-GROW_ACCEPTANCE = 0.6
-SHRINK_HIT_RATE = 0.50   # below this: one fewer
+NARROW = ("wrong-count", "wrong-token")  # misses of an outcome the window did not hold (outcomes.why_missed)
 
 
 class PolicySnapshot(NamedTuple):
@@ -40,6 +36,44 @@ class PolicySnapshot(NamedTuple):
     p_accept: np.ndarray    # P(a of the verified draft's tokens accepted), a = 0..k (the planner's)
     fanout: int             # the window: most outcomes to prepare
     depth: int              # tokens to draft on each branch (the planner's)
+    width: int = 1          # branches grown together from the first step (the planner's: what the verify hides)
+    short: int = 0          # how deep those after the likeliest go (0: depth; the planner's)
+
+
+class TreeChoice:
+    """Whether the worker grows its tree (the planner's width: many branches at once) or the likeliest
+    branch alone first: whichever made tokens faster, timed in blocks of BLOCK rounds (a block's tokens
+    over its wall time: a tree's cost, the verify it slows through the host's shared interpreter and
+    cores, and its gain, the rounds its branches serve, both land there), the other tried again every
+    EXPLORE blocks. Where the planner finds no room for a tree (width 1) the two are the same."""
+
+    BLOCK = 8
+    EXPLORE = 5
+
+    def __init__(self) -> None:
+        self.rate: dict[bool, float | None] = {True: None, False: None}  # tokens a ms, by tree on/off
+        self.on = True
+        self.blocks = 0
+        self._ms = self._tokens = 0.0
+        self._rounds = 0
+
+    def observe(self, ms: float, tokens: int) -> None:
+        self._ms += ms
+        self._tokens += tokens
+        self._rounds += 1
+        if self._rounds < self.BLOCK:
+            return
+        r = self._tokens / max(self._ms, 1e-9)
+        old = self.rate[self.on]
+        self.rate[self.on] = r if old is None else 0.5 * (old + r)
+        self._ms = self._tokens = 0.0
+        self._rounds = 0
+        self.blocks += 1
+        on, off = self.rate[True], self.rate[False]
+        if on is None or off is None:
+            self.on = on is None
+        else:
+            self.on = (on >= off) != (self.blocks % self.EXPLORE == 0)
 
 
 class PrespecPolicy:
@@ -47,28 +81,33 @@ class PrespecPolicy:
         self.cfg = cfg
         self.recent_hits: deque[bool] = deque(maxlen=16)
         self.latency_ms = Ema(None, alpha=0.3)
-        self.fanout = min(max(cfg.fanout_min, 2), cfg.fanout_max)
+        self.fanout = cfg.fanout_max  # the whole tree from the first round; poor hits shrink it
         self.miss_streak = 0
+        self.tree = TreeChoice()
         self.state: State = "ssd"
         self._rounds_off = 0
 
     # ------------------------------------------------------------ observations
-    def observe_lookup(self, outcome: Literal["hit", "partial", "miss"], acceptance: float) -> None:
-        """A round's lookup of what the worker prepared, and the draft's mean acceptance now."""
+    def observe_lookup(self, outcome: Literal["hit", "partial", "miss"], why: str | None = None) -> None:
+        """A round's lookup of what the worker prepared; a miss's reason (MISS_REASONS) in `why`. The
+        window follows why lookups fail: a branch found unfinished (a partial hit, a ranked outcome not
+        begun) says it is wider than the verify lets the worker finish, one less; an outcome it did not
+        hold (the accepted count or the next token not ranked) that it is too narrow, one more. Which
+        outcomes fill it follows the acceptance (the planner's P(a), PolicySnapshot.p_accept)."""
         self.recent_hits.append(outcome == "hit")
         self.miss_streak = 0 if outcome != "miss" else self.miss_streak + 1
         if self.miss_streak >= self.cfg.rollback_after_misses and self.state == "ssd":
             self._switch_off("rolled-back")
-        rate = self.hit_rate()
-        if rate is not None and len(self.recent_hits) >= 4:
-            if rate >= GROW_HIT_RATE and acceptance >= GROW_ACCEPTANCE:
-                self.fanout = min(self.fanout + 1, self.cfg.fanout_max)
-            elif rate < SHRINK_HIT_RATE:
-                self.fanout = max(self.fanout - 1, self.cfg.fanout_min)
+        if outcome == "partial" or why == "not-ready":
+            self.fanout = max(self.fanout - 1, self.cfg.fanout_min)
+        elif why in NARROW:
+            self.fanout = min(self.fanout + 1, self.cfg.fanout_max)
 
-    def observe_round(self, ms_per_token: float) -> None:
-        """Once per round: latency, and the clock of a rolled-back or cut state."""
+    def observe_round(self, ms_per_token: float, tokens: int = 1) -> None:
+        """Once per round: latency (and the tree's blocks), and the clock of a rolled-back or cut state."""
         lat = self.latency_ms.add(ms_per_token)
+        if self.state == "ssd":
+            self.tree.observe(ms_per_token * tokens, tokens)
         if self.state != "ssd":
             self._rounds_off += 1
             if self._rounds_off >= self.cfg.probe_every:  # probe: try pre-speculation again
@@ -100,5 +139,5 @@ class PrespecPolicy:
     def hit_rate(self) -> float | None:
         return sum(self.recent_hits) / len(self.recent_hits) if self.recent_hits else None
 
-    def snapshot(self, p_accept: np.ndarray, depth: int) -> PolicySnapshot:
-        return PolicySnapshot(p_accept, self.fanout, depth)
+    def snapshot(self, p_accept: np.ndarray, depth: int, width: int = 1, short: int = 0) -> PolicySnapshot:
+        return PolicySnapshot(p_accept, self.fanout, depth, min(width, self.fanout), short or depth)

@@ -9,6 +9,7 @@ import pytest
 
 from native_build import skip_or_fail
 import ssd_edge.coupling as coupling
+from ssd_edge.config import SamplingConfig
 from ssd_edge.coupling import gumbel_pick, gumbel_picks, uniforms
 
 N = 40_000
@@ -169,3 +170,25 @@ def test_a_draw_in_one_compiled_call_is_the_support_then_the_gumbel_draw(monkeyp
     s = SamplingConfig(temperature=1.0)
     assert coupling.compiled_draw(nan, s.top_k, s.top_p, s.min_p, s.temperature, 1, 2) is None
     assert coupling.draw(nan, s, 1, 2) == coupling.gumbel_draw(*sampling.support(nan, s), 1, 2)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("s", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=20),
+                               SamplingConfig(temperature=1.5, top_p=0.9, min_p=0.1),
+                               SamplingConfig(temperature=1.0, top_k=8, top_p=1.0, min_p=0.0)],
+                         ids=["default", "t0.7-k20", "t1.5-p0.9-m0.1", "k8"])
+def test_a_draw_from_a_rows_head_is_the_draw_from_the_row(monkeypatch, s, compiled):
+    """A branch step handed only its rows' heads (sampling.Heads, wider than top-k: head_width) draws
+    each row's token as the whole row's coupled draw would, in C and in numpy."""
+    from ssd_edge.sampling import head_width, heads_of
+
+    if not compiled:
+        monkeypatch.setattr(coupling, "compiled_head_draws", None)
+    elif coupling.compiled_head_draws is None:
+        skip_or_fail("the compiled head draws")
+    rng = np.random.default_rng(5)
+    rows = (rng.standard_normal((120, 3000)) * 2.5).astype(np.float32)
+    heads = heads_of(rows, head_width(s))
+    got = coupling.head_draws(heads, s, 11, list(range(40, 160)))
+    want = [coupling.draw(row, s, 11, 40 + i) for i, row in enumerate(rows)]
+    assert got.tolist() == want

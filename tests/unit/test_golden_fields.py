@@ -50,9 +50,10 @@ PROMPT = [3, 9, 4, 17, 2]
 
 # Maps keyed by data (a proposer, a token count, a setting's name), not by field: their keys read as "*".
 MAPS = {
-    "Stats.to_dict()": {"speculators", "prespec.miss_reasons", "devices", "auto.decisions", "auto.verify_ms"},
-    "bench.json": {"libraries", "engine_configs", "runs[].miss_reasons", "runs[].modes_run", "runs[].auto.decisions",
-                   "runs[].auto.verify_ms"},
+    "Stats.to_dict()": {"speculators", "prespec.miss_reasons", "prespec.hits_by_accepted", "devices", "auto.decisions",
+                        "auto.verify_ms"},
+    "bench.json": {"libraries", "engine_configs", "runs[].miss_reasons", "runs[].hits_by_accepted", "runs[].modes_run",
+                   "runs[].auto.decisions", "runs[].auto.verify_ms"},
     "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions",
                "choices[].logprobs.top_logprobs[]"},  # /v1/completions' {token text: logprob}
 }

@@ -13,6 +13,7 @@ worker (Prepared: what a lookup finds)."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Sequence
 
@@ -32,6 +33,7 @@ from ssd_edge.planning.rounds import build
 from ssd_edge.speculation.drafters import EMPTY, Draft, NgramDrafter
 from ssd_edge.speculation.policy import PrespecPolicy
 from ssd_edge.speculation.prespec import LookupResult
+from ssd_edge.speculation.prespec.handoff import Handoff
 from ssd_edge.speculation.proposer import PLAIN, Ask, Decision, Verified
 
 # A CPU-like target (FIELD_NOTES, 1.5B at 2 threads, Intel): 4 tokens cost ~1.6 steps.
@@ -94,6 +96,7 @@ class Prepared:
         self.drafter = drafter
         self.found = LookupResult("none", None)
         self.snapshots: list = []
+        self.handoff = Handoff(abort=threading.Event())  # (its timings of tree steps: none here)
 
     def lookup(self, history, k) -> LookupResult:
         return self.found
@@ -780,6 +783,56 @@ def test_the_worker_is_handed_the_branch_depth_and_the_outcomes_to_prepare():
     assert snapshot.depth == b.prepared.branch_depth()
     assert list(snapshot.p_accept) == list(b.acceptance.p_accept(d.m))
     assert b.prepared.hits.value > 0.5  # the branch looked up was used
+
+
+# a GPU's prices (the H200 table: a verify of 9 tokens 4.39 ms; a draft batch of 1..9 rows 0.25-0.44 ms)
+GPU_VERIFY = [1.70, 3.42, 3.30, 3.39, 3.57, 3.74, 3.85, 3.96, 4.39]
+GPU_DRAFT = [0.25, 0.38, 0.385, 0.39, 0.40, 0.41, 0.415, 0.42, 0.44]
+
+
+def test_the_tree_is_as_wide_as_the_verify_hides_and_its_short_branches_as_deep():
+    """tree_shape: on a GPU's prices every acceptance length's branch grows from the first step, the
+    likeliest to the full depth and the others as deep as still ends within the verify; where a batch of
+    n rows costs n steps (a CPU) the likeliest alone; a short branch is never shallower than a hit on it
+    beats a miss."""
+    gpu = Bench(cap=8, curve=GPU_VERIFY, costs=Costs(GPU_VERIFY, GPU_DRAFT, contention=1.0))
+    teach_draft(gpu, 0.95)
+    width, short = gpu.prepared.tree_shape(9, 8, 9)
+    assert width == 9 and short == 8  # 0.25 + 8 x 0.44 = 3.77 ms < 4.39
+    gpu.prepared.setup_ms = 0.9  # the worker's host work before its first step, as timed
+    width, short = gpu.prepared.tree_shape(9, 8, 9)
+    assert width == 9 and 3 <= short < 8  # 1.15 + 8 x 0.44 > 4.39: the short ones stop earlier
+    g, verify = gpu.acceptance.gains(8), gpu.costs.target.ms
+    assert g[short] / verify(short + 1) > g[8] / (8 * 0.25 + verify(9))  # worth more than a miss
+    cpu = Bench(cap=8, curve=CPU_CURVE, costs=Costs(CPU_CURVE, [44.0 * n for n in range(1, 10)], contention=1.0))
+    teach_draft(cpu, 0.9)
+    assert cpu.prepared.tree_shape(4, 3, 9) == (1, 3)
+
+
+def test_the_trees_steps_are_priced_from_the_workers_own_timings():
+    """Once the worker has timed steps of two sizes, a tree step is priced by the line through them (host
+    work included), not by the draft's calibrated curve (whose batches read whole rows)."""
+    from ssd_edge.planning.proposers import tree_step_ms
+
+    curve = lambda n: 1.0 * n  # noqa: E731
+    assert tree_step_ms([(3, 0.5)] * 4, curve, 3) == [1.0, 2.0, 3.0]  # one size: the curve
+    got = tree_step_ms([(1, 0.30), (9, 0.50), (1, 0.30), (9, 0.50)], curve, 9)
+    assert got[0] == pytest.approx(0.30) and got[8] == pytest.approx(0.50) and got[4] == pytest.approx(0.40)
+    b = Bench(cap=8, curve=GPU_VERIFY, costs=Costs(GPU_VERIFY, [0.25] + [3.0] * 8, contention=1.0))
+    teach_draft(b, 0.95)
+    assert b.prepared.tree_shape(9, 8, 9)[0] == 1  # the curve's 3 ms a batch: no tree fits
+    b.worker.handoff.steps.extend([(1, 0.3), (9, 0.5)] * 3)
+    assert b.prepared.tree_shape(9, 8, 9)[0] > 1  # as timed, it does
+
+
+def test_the_verify_a_tree_hides_behind_is_timed_with_the_worker_beside_it():
+    b = Bench(cap=8, menu="ssd", curve=GPU_VERIFY, costs=Costs(GPU_VERIFY, GPU_DRAFT, contention=1.0))
+    teach_draft(b, 0.95)
+    assert b.prepared.tree_shape(9, 8, 9) == (9, 8)
+    for _ in range(20):
+        b.observe("prepared", 8, 8, 3.0, busy=True)  # verifies of 9 took 3 ms with the worker beside them
+    width, short = b.prepared.tree_shape(9, 8, 9)
+    assert (width, short) != (9, 8) and 0.25 + short * GPU_DRAFT[width - 1] + (8 - short) * 0.25 <= 3.0 + 1e-9
 
 
 def test_fixed_modes_never_run_the_worker_unless_ssd():

@@ -10,7 +10,7 @@ import pytest
 
 from ssd_edge.config import PrespecConfig
 from ssd_edge.speculation.drafters import Candidates
-from ssd_edge.speculation.policy import PrespecPolicy
+from ssd_edge.speculation.policy import PrespecPolicy, TreeChoice
 from ssd_edge.speculation.prespec import rank_outcomes
 
 
@@ -29,9 +29,9 @@ def test_rank_excludes_the_rejected_draft_token_and_orders_by_probability():
     p_a = np.array([0.1, 0.2, 0.7])               # P(a = 0, 1, 2)
     plan = rank_outcomes(draft, c, p_a, fanout=10, min_confidence=0.0, budget_cells=100, cells_per_branch=2)
     assert (0, 5) not in [(o.a, o.b) for o in plan] and (1, 6) not in [(o.a, o.b) for o in plan]
-    scores = [o.score for o in plan]
-    assert scores == sorted(scores, reverse=True)
-    assert (plan[0].a, plan[0].b) == (2, 11) and plan[0].score == pytest.approx(0.7 * 0.7)
+    # the tree: each acceptance length's likeliest outcome first, then the second guesses, each by score
+    assert [(o.a, o.b) for o in plan] == [(2, 11), (1, 9), (0, 7), (2, 12), (1, 10), (0, 8)]
+    assert plan[0].score == pytest.approx(0.7 * 0.7)
     # a < k: b's probability is renormalised without the drafted token: 0.06 / (1 - 0.9)
     by_key = {(o.a, o.b): o.score for o in plan}
     assert by_key[(0, 7)] == pytest.approx(0.1 * 0.6)
@@ -82,11 +82,11 @@ def test_rank_respects_window_budget_and_confidence(budget, fanout, floor, expec
 
 def test_policy_offers_the_backup_after_a_miss_streak():
     pol = PrespecPolicy(PrespecConfig(backup_after_misses=2, rollback_after_misses=10))
-    pol.observe_lookup("miss", 0.8)
+    pol.observe_lookup("miss")
     assert not pol.backup_ready                            # streak 1 < 2
-    pol.observe_lookup("miss", 0.8)
+    pol.observe_lookup("miss")
     assert pol.backup_ready
-    pol.observe_lookup("partial", 0.8)                     # a partial hit ends the streak
+    pol.observe_lookup("partial")                 # a partial hit ends the streak
     assert not pol.backup_ready
 
 
@@ -94,7 +94,7 @@ def test_policy_rolls_back_after_misses_and_probes_again():
     pol = PrespecPolicy(PrespecConfig(rollback_after_misses=3, probe_every=5))
     for _ in range(3):
         assert pol.prespec_enabled
-        pol.observe_lookup("miss", 0.8)
+        pol.observe_lookup("miss")
     assert pol.state == "rolled-back" and not pol.prespec_enabled
     for _ in range(4):
         pol.observe_round(50.0)
@@ -116,23 +116,67 @@ def test_policy_sla_cuts_window_then_prespeculation():
     assert pol.state == "ssd"
 
 
-def test_policy_window_grows_with_hits_and_shrinks_with_misses():
+def test_policy_window_starts_whole_shrinks_on_unfinished_branches_and_grows_on_outcomes_it_left_out():
     pol = PrespecPolicy(PrespecConfig(fanout_min=1, fanout_max=6, rollback_after_misses=100))
-    start = pol.fanout
+    assert pol.fanout == 6  # the whole tree from the first round
     for _ in range(8):
-        pol.observe_lookup("hit", 0.3)                     # hits, but a draft that is rarely accepted
-    assert pol.fanout == start
-    for _ in range(8):
-        pol.observe_lookup("hit", 0.9)
-    assert pol.fanout > start
+        pol.observe_lookup("hit")
+    assert pol.fanout == 6
+    pol.observe_lookup("partial")                # a branch found unfinished: too wide to finish in time
+    pol.observe_lookup("miss", "not-ready")      # a ranked outcome whose branch was never begun: the same
+    assert pol.fanout == 4
     for _ in range(16):
-        pol.observe_lookup("miss", 0.9)
+        pol.observe_lookup("partial")
     assert pol.fanout == 1
+    pol.observe_lookup("miss", "wrong-count")    # an accepted count the window did not hold
+    pol.observe_lookup("miss", "wrong-token")    # a count it held, with another next token
+    assert pol.fanout == 3
+    pol.observe_lookup("miss", "off-path")       # says nothing of the window
+    assert pol.fanout == 3
+
+
+def test_tree_choice_keeps_the_faster_and_tries_the_other_now_and_then():
+    pol = PrespecPolicy(PrespecConfig(rollback_after_misses=100))
+    tree = pol.tree
+
+    def block(ms_per_token: float) -> None:
+        for _ in range(TreeChoice.BLOCK):
+            pol.observe_round(ms_per_token, 4)
+
+    assert tree.on
+    block(2.0)                    # the tree: 0.5 tokens a ms
+    assert not tree.on            # the other is timed next
+    block(1.0)                    # the likeliest branch alone: 1 token a ms
+    arms = []
+    for _ in range(2 * TreeChoice.EXPLORE):
+        arms.append(tree.on)
+        block(2.0 if tree.on else 1.0)
+    assert arms.count(True) == 2 and arms.count(False) == 2 * TreeChoice.EXPLORE - 2  # explored, not kept
+    pol.state = "rolled-back"
+    before = dict(tree.rate)
+    block(0.1)                    # rounds with pre-speculation off time neither
+    assert tree.rate == before
 
 
 def test_the_snapshot_freezes_what_the_worker_prepares_by():
     pol = PrespecPolicy(PrespecConfig(fanout_min=1, fanout_max=4))
     p = np.array([0.5, 0.25, 0.25])
-    snap = pol.snapshot(p, depth=5)
+    pol.fanout = 2
+    snap = pol.snapshot(p, depth=5, width=3, short=2)
     pol.fanout = 4
     assert snap.fanout == 2 and snap.depth == 5 and snap.p_accept is p
+    assert snap.width == 2 and snap.short == 2  # the width within the window
+
+
+def test_the_branch_room_is_sized_from_the_draft_length():
+    """A branch for every acceptance length of the longest draft, k cells each: auto's 8 by default,
+    --draft-max where given; what the user sets is kept."""
+    from ssd_edge.config import DRAFT_CAP, EngineConfig
+
+    default = EngineConfig.build(target=dict(path="t.gguf"))
+    assert (default.prespec.fanout_max, default.prespec.budget_cells) == (DRAFT_CAP + 1, (DRAFT_CAP + 1) * DRAFT_CAP)
+    k3 = EngineConfig.build(target=dict(path="t.gguf"), spec=dict(k=3))
+    assert (k3.prespec.fanout_max, k3.prespec.budget_cells) == (4, 12)
+    given = EngineConfig.build(target=dict(path="t.gguf"), spec=dict(k=16), prespec=dict(budget_cells=40))
+    assert (given.prespec.fanout_max, given.prespec.budget_cells) == (17, 40)
+    assert EngineConfig.build(**given.model_dump()).prespec == given.prespec  # sized once: a copy keeps it

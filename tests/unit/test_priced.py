@@ -333,3 +333,73 @@ def test_the_compiled_spin_waits_its_time_and_lets_other_threads_run():
     stop.set()
     t.join()
     assert 0.05 <= took < 0.05 + SLACK_S and before > 1000  # Python ran beside the spin
+
+
+def test_spin_stops_when_its_flag_is_set():
+    from ssd_edge.bench.priced.backend import SpinFlag, spin
+
+    if spin is None:
+        skip_or_fail("the compiled wait")
+    flag = SpinFlag()
+    assert spin(0.002, flag.address) is True
+    timer = threading.Timer(0.005, flag.set)
+    timer.start()
+    t0 = time.perf_counter()
+    assert spin(1.0, flag.address) is False  # cut short by the flag, the interpreter's lock never taken
+    assert time.perf_counter() - t0 < 0.5
+    assert flag.is_set()
+    flag.clear()
+    assert not flag.is_set() and spin(0.001, flag.address) is True
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_heads_are_the_heads_of_the_rows_a_decode_would_build(batched):
+    """decode_heads hands over what the whole rows' heads would be (sampling.heads_of), ties and a
+    planted token that is also in its noise row's head included; the C picks are the Python ones."""
+    from ssd_edge.bench.priced.backend import heads_for, noise_heads, rows_for
+    from ssd_edge.sampling import heads_of
+
+    rng = random.Random(4)
+    picks = [choices(words(3, seed=i), rng.randrange(1000), 0.8 if i % 2 else None, ties=0.3) for i in range(60)]
+    ids, _, _ = noise_heads(44)
+    r = picks[0]
+    picks.append((r[0], int(ids[r[0], 5]), r[2], r[3], r[4]))  # the favourite sits in the noise's head too
+    got, want = heads_for(picks, 41, batched), heads_of(rows_for(picks, batched=batched), 41)
+    assert (got.ids == want.ids).all() and (got.logits == want.logits).all()
+
+
+@pytest.mark.parametrize("agreement,ties", [(None, 0.0), (None, 0.3), (0.95, 0.0), (0.5, 0.3), (0.0, 0.0)])
+def test_a_decodes_picks_are_the_reference_choices(agreement, ties):
+    """PricedContext._choices (in C where built) gives choices() after each sequence's stored tail."""
+    target, draft = Priced("h200-1.5b", 0.5 if agreement is None else agreement, ties).models()
+    ctx = PricedContext(target if agreement is None else draft, n_seq_max=2)
+    tokens = words(300, seed=9)
+    feed(ctx, tokens)
+    ctx.seq_cp(0, 1, 0, 120)
+    positions = [0, 1, 2, 3, 57, 119, 200, 299]
+    seqs = [0, 0, 1, 1, 1, 1, 0, 0]
+    want = [list(choices(ctx.tail(s, p, 3), p, ctx.model.agreement, ties)) for s, p in zip(seqs, positions)]
+    assert ctx._choices(seqs, positions) == want
+
+
+def test_decode_heads_waits_its_price_and_the_rows_heads():
+    """A branch step handing over heads: the same cells stored as decode()'s, the heads of its rows, priced
+    at the decode plus the stated head cost."""
+    from ssd_edge.bench.priced.prices import HEAD_DECODE_MS, HEAD_ROW_MS
+    from ssd_edge.sampling import heads_of
+
+    _, ctx = pair(n_seq_max=4)
+    _, twin = pair(n_seq_max=4)
+    for c in (ctx, twin):
+        feed(c, words(20))
+        for s in (1, 2, 3):
+            c.seq_cp(0, s, 0, 20)
+    toks, pos, seqs = words(3, seed=2), [20, 20, 20], [1, 2, 3]
+    t0 = time.perf_counter()
+    heads = ctx.decode_heads(toks, pos, seqs, range(3), 41)
+    took = time.perf_counter() - t0
+    rows = twin.decode(toks, pos, seqs, range(3))
+    want = heads_of(rows, 41)
+    assert (heads.ids == want.ids).all() and (heads.logits == want.logits).all()
+    assert took >= ctx.model.price_s(3) + (HEAD_DECODE_MS + 3 * HEAD_ROW_MS) / 1e3
+    assert [ctx.seq_pos_max(s) for s in (1, 2, 3)] == [20, 20, 20]

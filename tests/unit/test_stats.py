@@ -48,6 +48,8 @@ def ssd_meter() -> Meter:
     m.branches.add_used(3)
     m.branches.set_cells(9)
     m.branches.add_miss("wrong-token")
+    m.branches.add_lookup(3, True, 4)
+    m.branches.add_lookup(1, False, 2)
     return m
 
 
@@ -55,7 +57,9 @@ def test_to_dict_has_the_old_keys_and_the_new_ones():
     stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
     assert set(d) == OLD_KEYS | NEW_KEYS
-    assert set(d["prespec"]) == OLD_PRESPEC_KEYS | {"miss_reasons"}
+    assert set(d["prespec"]) == OLD_PRESPEC_KEYS | {"miss_reasons", "hits_by_accepted", "complete_at_lookup"}
+    assert d["prespec"]["hits_by_accepted"] == {"1": [1, 0], "3": [1, 1]}  # (JSON keys: strings)
+    assert d["prespec"]["complete_at_lookup"] == pytest.approx(3.0)
     assert d["seed"] == 7 and d["prespec"]["hits"] == 1 and d["prespec"]["misses"] == 1
     assert d["prespec"]["branch_bytes_peak"] == 9 * 1024 and d["prespec"]["waste"] == pytest.approx(0.5)
     assert d["speculators"] == {"none": 1, "prespec": 1, "draft": 1}

@@ -18,36 +18,64 @@ The language (151,936 tokens, Qwen's vocabulary size; 0..255 bytes, then words, 
           (tests/lossless_check.py). The draft's row, where it agrees, is the target's, tie included.
 
 A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it, so a wrong rollback
-gives wrong rows), builds the wanted rows, then waits out the rest of the batch's price with the GIL
-released (PricedContext._wait: spinning, as a CUDA host thread does, in slices the abort signal cuts
-short; a sleep where ssd_edge/native.c is not built): its wall time is the price, or the time the rows
-took where that is longer. The measured time goes on interface.DECODES, as llama_decode's time does.
+gives wrong rows) and waits out the batch's price with the GIL released (PricedContext._wait: spinning,
+as a CUDA host thread does, until the abort signal's byte is set; a sleep where ssd_edge/native.c is not
+built), building the wanted rows (or only their heads: decode_heads) at the end of it: its wall time is
+the price, or the time the rows took where that is longer. The measured time goes on interface.DECODES, as llama_decode's time does.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import re
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ...coupling import mix64
 from ...errors import DecodeError
 from ...interface import DECODES, Aborted, ModelInfo
+from ...sampling import Heads
 from .cells import CellCache, seq_ids
-from .prices import Curve, PriceTable
+from .prices import HEAD_DECODE_MS, HEAD_ROW_MS, Curve, PriceTable
 
-try:  # the busy wait (ssd_edge/native.c); without it, decodes sleep their price
-    from ...native import spin
+try:  # the busy wait and the rows' copies (ssd_edge/native.c); without them, decodes sleep their price
+    from ...native import copy_rows, priced_choices, spin
 except ImportError:  # pragma: no cover - a build without the extension
-    spin = None
+    copy_rows = priced_choices = spin = None
 
-SPIN_SLICE_S = 0.0005  # a spinning wait looks at the abort flag this often
+
+
+class SpinFlag:
+    """A priced context's abort signal: a threading.Event, mirrored in a byte the compiled spin polls, so a
+    wait needs the interpreter's lock only to begin and to end (one that took it back to look at an Event
+    every half millisecond waited on SSD's worker's Python each time: a verify of 4.4 ms took 5)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._byte = ctypes.create_string_buffer(1)
+        self.address = ctypes.addressof(self._byte)
+
+    def set(self) -> None:
+        self._byte[0] = b"\x01"
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+        self._byte[0] = b"\x00"
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+MAKING_MARGIN_S = 20e-6  # (see PricedContext._decode)
 
 N_VOCAB = 151_936
 SPECIALS = {"<|endoftext|>": 151_643, "<|im_start|>": 151_644, "<|im_end|>": 151_645}
@@ -119,12 +147,47 @@ def rows_for(picks: Sequence[tuple[int, int, int, int, bool]], out: np.ndarray |
     if not picks:
         return np.empty((0, N_VOCAB), np.float32)
     p = np.asarray(picks, dtype=np.int64)
-    out = np.take(noise(), p[:, 0], axis=0, out=out)
+    if copy_rows is not None:  # the copies with the interpreter's lock released: the device's work, not the host's
+        out = np.empty((len(p), N_VOCAB), np.float32) if out is None else out
+        copy_rows(out, noise(), np.ascontiguousarray(p[:, 0]), N_VOCAB)
+    else:
+        out = np.take(noise(), p[:, 0], axis=0, out=out)
     at = np.arange(len(p))
     out[at, p[:, 1]] = PEAK
     out[at, p[:, 2]] = np.where(p[:, 4] != 0, PEAK + (TIE_GAP if batched else -TIE_GAP), SECOND)
     out[at, p[:, 3]] = THIRD
     return out
+
+
+@functools.lru_cache(maxsize=None)
+def noise_heads(width: int) -> tuple[np.ndarray, np.ndarray, tuple[frozenset[int], ...]]:
+    """Each noise row's `width` largest values and their ids, most likely first ((POOL, width) int64 and
+    float32), and each row's head ids as a set."""
+    rows = noise()
+    ids = np.argsort(-rows, axis=1, kind="stable")[:, :width]
+    return ids, np.take_along_axis(rows, ids, axis=1), tuple(frozenset(r.tolist()) for r in ids)
+
+
+def heads_for(picks: Sequence[tuple[int, int, int, int, bool]], width: int, batched: bool = False) -> Heads:
+    """The heads (sampling.Heads) of rows_for(picks, batched=batched) without building the rows: each
+    row's three planted tokens (favourite, second, third; a tie's second first in a batch), then its noise
+    row's head without them."""
+    p = np.asarray(picks, dtype=np.int64).reshape(-1, 5)
+    noise_ids, noise_vals, noise_sets = noise_heads(width + 3)
+    ids = np.empty((len(p), width), np.int64)
+    logits = np.empty((len(p), width), np.float32)
+    ids[:, :3], logits[:, :3] = p[:, 1:4], (PEAK, SECOND, THIRD)
+    ids[:, 3:], logits[:, 3:] = noise_ids[p[:, 0], :width - 3], noise_vals[p[:, 0], :width - 3]
+    tied = np.flatnonzero(p[:, 4])
+    if len(tied):
+        logits[tied, 1] = PEAK + (TIE_GAP if batched else -TIE_GAP)
+        if batched:  # the runner-up above the favourite
+            ids[tied, :2], logits[tied, :2] = ids[tied, 1::-1], logits[tied, 1::-1]
+    for i, (r, fav, second, third, _) in enumerate(picks):
+        if fav in noise_sets[r] or second in noise_sets[r] or third in noise_sets[r]:  # (rare) also in the noise's head
+            keep = ~np.isin(noise_ids[r], (fav, second, third))
+            ids[i, 3:], logits[i, 3:] = noise_ids[r][keep][:width - 3], noise_vals[r][keep][:width - 3]
+    return Heads(ids, logits)
 
 
 # ---------------------------------------------------------------- the vocabulary
@@ -212,9 +275,10 @@ class PricedContext(CellCache):
         self.model = model
         self.n_batch = n_batch
         self.threads = threads
-        self.abort = threading.Event()
+        self.abort = SpinFlag()
         self._out = np.empty((0, N_VOCAB), np.float32)  # the rows decode(copy=False) hands out, as llama.cpp's buffer
         self._late = 0.0  # seconds a wait has been waking up late lately (an average the waits aim early by)
+        self._making = 0.0  # seconds a decode's rows took to make lately (made that long before its price is up)
 
     def set_threads(self, threads: int) -> None:
         self.threads = threads  # a price is the GPU's: the host's threads change nothing
@@ -224,22 +288,48 @@ class PricedContext(CellCache):
         """Decode one batch: its cells stored, its rows built, the rest of its price waited out. copy=False:
         the rows are written into the context's own buffer (valid until its next decode), whose pages
         stay mapped, as llama.cpp's output buffer does."""
+        if len(tokens) == 0:
+            return np.empty((0, N_VOCAB), np.float32)
+
+        def rows(picks: list, batched: bool) -> np.ndarray:
+            if not copy and len(self._out) < len(picks):
+                self._out = np.empty((len(picks), N_VOCAB), np.float32)
+            return rows_for(picks, None if copy else self._out[:len(picks)], batched=batched)
+        return self._decode(tokens, positions, seqs, logits_for, 0.0, rows)
+
+    def decode_heads(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
+                     logits_for: Sequence[int], width: int) -> Heads:
+        """decode(), handing over each wanted row's head (its `width` largest logits, sampling.Heads)
+        instead of the row, as a GPU's top-k on the device does (llama.cpp's backend sampling): priced at
+        HEAD_DECODE_MS and HEAD_ROW_MS a row more (an estimate, prices.py); no row is built on the host."""
+        extra_ms = HEAD_DECODE_MS + len(logits_for) * HEAD_ROW_MS
+        return self._decode(tokens, positions, seqs, logits_for, extra_ms / 1e3,
+                            lambda picks, batched: heads_for(picks, width, batched=batched))
+
+    def _decode(self, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int | Sequence[int]],
+                logits_for: Sequence[int], extra_s: float, make: Callable[[list, bool], Any]) -> Any:
+        """A decode priced at its size plus extra_s: its cells stored, what `make` builds of the wanted rows'
+        choices, then the rest of its price waited out (the timing and abort rules of decode())."""
         t0 = time.perf_counter()
         n = len(tokens)
-        if n == 0:
-            return np.empty((0, N_VOCAB), np.float32)
         if n > self.n_batch:
             raise DecodeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
         if self.abort.is_set():
             raise Aborted()
-        price = self.model.price_s(n)
+        price = self.model.price_s(n) + extra_s
         cells = self.store(tokens, positions, seqs)
-        agreement, ties = self.model.agreement, self.model.ties
-        picks = [choices(self.tail(seq_ids(seqs[i])[0], positions[i], CONTEXT), positions[i], agreement, ties)
-                 for i in logits_for]
-        if not copy and len(self._out) < len(picks):
-            self._out = np.empty((len(picks), N_VOCAB), np.float32)
-        rows = rows_for(picks, None if copy else self._out[:len(picks)], batched=n > 1)
+        # The rows are the device's work, made at the end of the wait (begun twice as long before its end
+        # as they took lately, and a margin: late, they would lengthen the decode): until then this thread
+        # leaves the interpreter to the others, as a host thread waiting for its GPU does (made first, the
+        # target's rows kept SSD's worker from starting its branches for half a millisecond of each verify)
+        if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price / 2)):
+            self.unstore(cells)
+            DECODES.add(time.perf_counter() - t0, 0)
+            raise Aborted()
+        t_make = time.perf_counter()
+        out = make(self._choices([seq_ids(seqs[i])[0] for i in logits_for], [positions[i] for i in logits_for]),
+                   n > 1)
+        self._making = 0.5 * self._making + 0.5 * (time.perf_counter() - t_make)
         if not self._wait(t0 + price):
             self.unstore(cells)  # as llama.cpp does: an aborted batch leaves the cache as it was
             DECODES.add(time.perf_counter() - t0, 0)
@@ -247,20 +337,27 @@ class PricedContext(CellCache):
         took = time.perf_counter() - t0
         self._late = min(max(self._late + 0.2 * (took - price), 0.0), price / 2)
         DECODES.add(took, len(logits_for))  # as measured, as the llama backend adds it
-        return rows
+        return out
+
+    def _choices(self, seqs: list[int], positions: list[int]) -> list:
+        """choices() after each (sequence, position): in C where the extension is built (the same picks)."""
+        agreement, ties = self.model.agreement, self.model.ties
+        if priced_choices is None or not seqs:
+            return [choices(self.tail(s, p, CONTEXT), p, agreement, ties) for s, p in zip(seqs, positions)]
+        tails, lengths = self.tails(seqs, positions, CONTEXT)
+        got = priced_choices(np.ascontiguousarray(tails), lengths.astype(np.int64), np.asarray(positions, np.int64),
+                             -1.0 if agreement is None else agreement, ties, POOL, RUNNER_UP)
+        return np.frombuffer(got, np.int64).reshape(-1, 5).tolist()
 
     def _wait(self, until: float) -> bool:
         """Wait until perf_counter() reaches `until` as a CUDA host thread waits for its GPU: spinning,
-        the interpreter's lock released (the compiled spin, in slices that look at the abort flag), so
-        the core stays awake and its caches warm for the Python that follows. A sleep instead costs that
+        the interpreter's lock released (the compiled spin, which polls the abort flag's byte), so the
+        core stays awake and its caches warm for the Python that follows. A sleep instead costs that
         Python ~0.13 ms a token here (a core woken cold). Without the compiled part: an Event wait, aimed
         early by what the last waits overshot (the VM's timer wakes 50-170 us late). False: aborted."""
         if spin is None:
             return not self.abort.wait(max(0.0, until - self._late - time.perf_counter()))
-        while (left := until - time.perf_counter()) > 0:
-            if self.abort.is_set():
-                return False
-            spin(min(left, SPIN_SLICE_S))
-        return not self.abort.is_set()
+        left = until - time.perf_counter()
+        return spin(left, self.abort.address) if left > 0 else not self.abort.is_set()
 
     def close(self) -> None: ...

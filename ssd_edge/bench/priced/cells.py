@@ -129,6 +129,19 @@ class CellCache:
             raise AssertionError(f"sequence {seq} has a hole before position {pos}")
         return tuple(self._token[cells].tolist())
 
+    def tails(self, seqs: Sequence[int], positions: Sequence[int], n: int) -> tuple[np.ndarray, np.ndarray]:
+        """tail() of many (seq, pos) at once: (len x n int64 tokens, each row's first `length` the tail, length)."""
+        seq = np.asarray(seqs, np.int64)[:, None]
+        at = np.asarray(positions, np.int64)[:, None] + np.arange(1 - n, 1)
+        cells = self._at[seq, np.maximum(at, 0)]
+        if (cells[at >= 0] < 0).any():
+            raise AssertionError("a sequence has a hole before a position read")
+        tokens = np.where(at >= 0, self._token[cells], 0)
+        lengths = np.minimum(at[:, -1] + 1, n)
+        for i in np.flatnonzero(lengths < n):  # (the first positions of a sequence) left-aligned
+            tokens[i] = np.roll(tokens[i], lengths[i] - n)
+        return tokens, lengths
+
     def seq_pos_max(self, seq: int) -> int:
         """Last stored position of `seq`, -1 when empty."""
         return self._max[seq]
@@ -162,6 +175,11 @@ class CellCache:
         if p0 >= p1:
             return
         src_span, dst_span = self._at[src, p0:p1], self._at[dst, p0:p1]
+        if self._max[dst] < 0 and p0 == 0 and self._max[src] >= p1 - 1 and src_span.min() >= 0:
+            dst_span[:] = src_span  # a fresh branch of a whole prefix (SSD's): three array operations
+            self._refs[src_span] += 1
+            self._max[dst] = p1 - 1
+            return
         have = src_span >= 0
         clash = have & (dst_span >= 0) & (dst_span != src_span)
         if clash.any():

@@ -72,6 +72,14 @@ class PriceTable:
         return self.target_shape if role == "target" else self.draft_shape
 
 
+# What handing over the rows' heads costs the device on top of their decode (llama.cpp's backend sampling:
+# a top-k in the decode's own graph, only the candidates copied back), ms: an estimate, not a measurement
+# (scripts/gpu_tree.py measures it where a GPU is lent). One kernel a decode, a block a row, the rows side
+# by side on their own SMs: a block reads its row's 152k float32 logits (608 KB) at ~100 GB/s, 6 us, and
+# reduces them; then each row's candidates (41 ids and logits, 0.5 KB) cross to the host.
+HEAD_DECODE_MS = 0.012
+HEAD_ROW_MS = 0.001
+
 # the 2-layer draft of the kit's 1.5B-shaped target (its first two blocks, its embeddings and output)
 DRAFT_2L = Curve(0.25, {1: 0.38, 4: 0.39, 8: 0.42, 16: 0.57, 32: 0.67})
 DRAFT_2L_SHAPE = Shape("2-layer draft (Qwen2 1.5B shape)", 240_000_000, 150_000_000, 2, 2 * 2 * 2 * 128 * 2)

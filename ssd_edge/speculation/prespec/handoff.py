@@ -8,6 +8,7 @@ is here, each field with one rule for who writes it and how the other reads it.
 from __future__ import annotations
 
 import queue
+from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -38,7 +39,7 @@ class Growing(NamedTuple):
     """Published while branches grow: a branch decode is (about to be) in flight, and the engine may abort it."""
 
     base: Base
-    first: tuple[int, int] | None  # (a, b) of the likeliest branch while it grows alone (the first wave)
+    finishing: frozenset[tuple[int, int]]  # (a, b) of the branches the decode in flight finishes (not aborted)
 
 
 @dataclass
@@ -70,5 +71,8 @@ class Handoff:
     ready: Ready | None = None
     ranked: Ranked | None = None
     growing: Growing | None = None
+    # the worker's batched branch steps, (rows, wall ms), appended by the worker and taken by the engine's
+    # planner (a deque's append and popleft are atomic): what a tree's step costs here, host work included
+    steps: deque = field(default_factory=lambda: deque(maxlen=64))
     round: int = 0   # the engine's count of verifying() calls
     looked: int = 0  # the round the engine last looked up

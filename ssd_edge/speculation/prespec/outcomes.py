@@ -8,6 +8,7 @@ against them. All of it is plain data: the worker thread (worker.py) is what fil
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
@@ -27,13 +28,15 @@ class Outcome(NamedTuple):
 def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: np.ndarray, *, fanout: int,
                   min_confidence: float, budget_cells: int, cells_per_branch: int,
                   coupled: tuple[int, int] | None = None) -> list[Outcome]:
-    """The outcomes worth preparing, likeliest first.
+    """The outcomes worth preparing: the likeliest of each acceptance length first (a tree with a branch
+    for every length: their estimated P(a) is noisy, and the worker grows them together), then the
+    other next tokens, each part likeliest first.
 
     P(a, b) = P(a) * P(b | a), where P(a) comes from acceptance history and
     P(b | a) from the draft's own distribution at position a: for a < k the
     drafted token is excluded and the rest renormalised (the target's residual
     has no mass on it); for a == k, the draft's distribution after d[k-1].
-    Kept while score >= min_confidence, at most `fanout`, within the cell budget.
+    Kept where score >= min_confidence, at most `fanout`, within the cell budget.
 
     coupled (seed, position of cands[0]), when sampling: the target's token at a position is its
     coupled draw there, argmax log p + G(seed, position) (coupling.py). The draft's own coupled order,
@@ -50,27 +53,37 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
         grid = np.zeros((n, max(len(c.ids) for c in cands[:n])), np.int64)
         for a in range(n):
             grid[a, :len(cands[a].ids)] = cands[a].ids
-        noise = gumbels(seed, first + np.arange(n)[:, None], grid)
+        noise = gumbels(seed, first + np.arange(n)[:, None], grid).tolist()
+    # in Python floats: eight numbers a position, where numpy's calls cost more than the arithmetic
     for a in range(n):
-        ids, pr = cands[a].ids, cands[a].probs
-        g = noise[a, :len(ids)] if noise is not None else None
+        ids, pr = cands[a].ids.tolist(), cands[a].probs.tolist()
+        g = noise[a][:len(ids)] if noise is not None else None
         if a < k:
-            is_drafted = ids == draft[a]
-            rest = max(1.0 - float(pr[is_drafted].sum()), 1e-9)
-            ids, pr = ids[~is_drafted], pr[~is_drafted] / rest
-            g = g[~is_drafted] if g is not None else None
+            d = draft[a]
+            rest = max(1.0 - sum(p for t, p in zip(ids, pr) if t == d), 1e-9)
+            kept = [j for j, t in enumerate(ids) if t != d]
+            ids, pr = [ids[j] for j in kept], [pr[j] / rest for j in kept]
+            g = [g[j] for j in kept] if g is not None else None
         if g is not None and len(ids) > 1:
-            order = np.argsort(-(np.log(np.maximum(pr, 1e-300)) + g), kind="stable")
-            ranked = np.empty_like(pr)
-            ranked[order] = -np.sort(-pr)
+            order = sorted(range(len(ids)), key=lambda j: -(math.log(max(pr[j], 1e-300)) + g[j]))
+            desc = sorted(pr, reverse=True)
+            ranked = [0.0] * len(pr)
+            for r, j in enumerate(order):
+                ranked[j] = desc[r]
             pr = ranked
-        scored.extend(Outcome(a, int(t), float(p_accept[a] * pb)) for t, pb in zip(ids, pr))
+        pa = float(p_accept[a])
+        scored.extend(Outcome(a, t, pa * pb) for t, pb in zip(ids, pr))
     scored.sort(key=lambda o: -o.score)
+    # the tree: each acceptance length's likeliest outcome first, then second guesses, each part by score
+    lengths: set[int] = set()
+    first = [o for o in scored if not (o.a in lengths or lengths.add(o.a))]
+    chosen = {id(o) for o in first}
     plan: list[Outcome] = []
-    for o in scored:
-        if o.score < min_confidence or len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
+    for o in first + [o for o in scored if id(o) not in chosen]:
+        if len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
             break
-        plan.append(o)
+        if o.score >= min_confidence:
+            plan.append(o)
     return plan
 
 
@@ -85,6 +98,7 @@ class Branch:
     feed: int                 # the token to decode next (b, then each drafted token)
     tokens: list[int] = field(default_factory=list)
     cands: list[Candidates] = field(default_factory=list)
+    depth: int = 0            # tokens it is drafted to (0: until the caller stops it)
     cells: int = 0            # KV cells this branch holds beyond the shared prefix
     done: bool = False
     shape: Any = None         # under a constraint, its grammar state (structured.shaping.Cursor) as it grows
@@ -123,6 +137,8 @@ class LookupResult(NamedTuple):
     status: str           # "hit", "partial", "miss", or "none" (nothing was pre-speculated)
     draft: Draft | None
     finished: bool = False  # the branch is complete: drafted to depth, or ended by --draft-p-min
+    why: str | None = None  # a miss's reason (why_missed)
+    depth: int = 0          # a found branch's planned depth (its length is what was drawn; 0: not found)
 
 
 def why_missed(outcome: tuple[int, int] | None, planned: set[tuple[int, int]] | frozenset[tuple[int, int]]) -> str:

@@ -14,6 +14,7 @@ from ...config import PrespecConfig
 from ...interface import DECODES, Aborted
 from ...llama.kvseq import Cancelled
 from ...metrics import Meter
+from ...sampling import Heads, head_width, heads_of
 from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
 from ..policy import PolicySnapshot
 from .handoff import Base, Growing, Handoff, Ranked, Ready
@@ -21,6 +22,17 @@ from .outcomes import Branch, LookupResult, SpeculationCache, outcome_of, rank_o
 
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
+
+
+def decode_heads(ctx: Any, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
+                 logits_for: Sequence[int], width: int) -> Heads:
+    """One decode of branch rows, each handed back as its head (sampling.Heads): made where the rows are
+    where the backend can (a context's own decode_heads: the priced pair, a GPU's top-k), else read off
+    the rows here (the C top-k pass a row, on the CPU build)."""
+    own = getattr(ctx, "decode_heads", None)
+    if own is not None:
+        return own(tokens, positions, seqs, logits_for, width)
+    return heads_of(ctx.decode(tokens, positions, seqs, logits_for, copy=False), width)
 
 
 def _since(mark: tuple[float, int]) -> tuple[float, int]:
@@ -66,6 +78,7 @@ class PrespecWorker:
         self.free_seqs = [s for s in range(n_seq) if s != drafter.kv.seq]
         self.base: Base | None = None  # the verify being prepared for; set only while preparing
         self._found: Branch | None = None  # the branch the last lookup handed over (for extend)
+        self._head_width = head_width(drafter.sampling)  # a branch row's head (decode_heads)
         self._round_no = 0  # the round it prepares now (the engine's count, from its verifying message)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="ssd-draft-worker", daemon=True)
@@ -87,15 +100,19 @@ class PrespecWorker:
             if br is not None:
                 h.ready = None
                 h.inbox.put(("adopt", (list(history), k, br)))
-                return LookupResult("hit", br.draft(k), True)
+                self.meter.branches.add_lookup(outcome[0], True, len(ready.branches))
+                return LookupResult("hit", br.draft(k), True, depth=br.depth)
         ranked = h.ranked
         if fresh and ranked is not None and ranked.round == h.round:
             outcome = outcome_of(ranked.base, history)
             if outcome not in ranked.outcomes:  # no branch was ever begun for it: nothing to wait for
                 h.ranked = None
                 h.inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
-                self.meter.branches.add_miss(why_missed(outcome, ranked.outcomes))
-                return LookupResult("miss", None)
+                why = why_missed(outcome, ranked.outcomes)
+                self.meter.branches.add_miss(why)
+                done = len(ready.branches) if ready is not None and ready.round == h.round else 0
+                self.meter.branches.add_lookup(outcome[0] if outcome is not None else None, False, done)
+                return LookupResult("miss", None, why=why)
         return self._call("lookup", history, k)
 
     def draft_now(self, history: list[int], k: int, go_on: GoOn | None = None, guess: Sequence[int] = ()) -> Draft:
@@ -106,8 +123,8 @@ class PrespecWorker:
         return self._call("extend", history, k)
 
     def _preempt(self, history: list[int] | None = None) -> None:
-        """Stop a branch decode in flight: the engine is waiting. A decode of the likeliest branch
-        is let finish when it is the outcome being looked up (`history`): it is the hit.
+        """Stop a branch decode in flight: the engine is waiting. A decode is let finish when it finishes
+        the branch of the outcome being looked up (`history`): it is the hit.
 
         Runs on the engine thread; it only reads what the worker publishes before each wave
         (handoff.growing, one attribute read under the GIL) and sets the abort flag, which the
@@ -115,7 +132,7 @@ class PrespecWorker:
         growing = self.handoff.growing
         if growing is None:
             return
-        if growing.first is not None and history is not None and outcome_of(growing.base, history) == growing.first:
+        if history is not None and growing.finishing and outcome_of(growing.base, history) in growing.finishing:
             return
         self.handoff.abort.set()
 
@@ -123,7 +140,7 @@ class PrespecWorker:
         """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
         bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
         self.handoff.round += 1
-        self.handoff.inbox.put(("verifying", (self.handoff.round, list(history), draft, policy)))
+        self.handoff.inbox.put(("verifying", (self.handoff.round, list(history), draft, policy, time.perf_counter())))
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
@@ -193,13 +210,16 @@ class PrespecWorker:
         self.base = None
         br = self.cache.get(*outcome) if outcome is not None else None
         self._found = br
+        finished = br is not None and (br.done or len(br.tokens) >= k)
+        self.meter.branches.add_lookup(outcome[0] if outcome is not None else None, finished,
+                                       sum(b.done for b in self.cache.branches.values()))
         if br is None:
-            self.meter.branches.add_miss(why_missed(outcome, self._planned))
+            why = why_missed(outcome, self._planned)
+            self.meter.branches.add_miss(why)
             self._drop_branches()
-            return LookupResult("miss", None)
+            return LookupResult("miss", None, why=why)
         self._take(history, k, br)
-        finished = br.done or len(br.tokens) >= k
-        return LookupResult("hit" if finished else "partial", br.draft(k), finished)
+        return LookupResult("hit" if finished else "partial", br.draft(k), finished, depth=br.depth)
 
     def _adopt(self, history: list[int], k: int, br: Branch) -> None:
         """The engine took the finished branch `br` for the outcome that gave `history` (lookup())."""
@@ -232,7 +252,7 @@ class PrespecWorker:
             self.free_seqs.append(br.seq)
         self.meter.branches.set_cells(0)
 
-    def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot) -> None:
+    def _prespec(self, round_no: int, history: list[int], draft: Draft, policy: PolicySnapshot, sent: float) -> None:
         self._drop_branches()  # a round nobody looked up (k = 0 at the very end) leaves stale ones
         self.base = None
         self.handoff.ready = self.handoff.ranked = None
@@ -244,7 +264,7 @@ class PrespecWorker:
         self.base = (history, draft)  # set only when preparing: lookup() then counts a hit or a miss
         t0 = time.perf_counter()
         try:
-            self._prepare(history, draft, policy.depth)
+            self._prepare(history, draft, policy.depth, sent)
         finally:
             self._busy(t0)
 
@@ -265,21 +285,27 @@ class PrespecWorker:
         """Whether the worker should stop between two decodes: the engine asks, or the generation ends."""
         return self._interrupted() or (self.cancelled is not None and self.cancelled())
 
-    def _prepare(self, history: list[int], draft: Draft, depth: int) -> None:
+    def _prepare(self, history: list[int], draft: Draft, depth: int, sent: float) -> None:
+        """Rank the outcomes of the verify of `draft` after `history` (begun at `sent`, perf_counter) and
+        grow the likeliest ones' branches together, as many as the policy's width: the likeliest `depth`
+        tokens deep, the others as deep as its `short`."""
         k = len(draft)
+        t_read = time.perf_counter()
         temp = self.drafter.cand_temperature()
         cands = list(draft.cands or ())
         new = len(cands) < k  # not drafted by the model here (n-gram backup): its rows give the candidates
         rows = self._read(history + list(draft.tokens), k + 1 if new else 1)
         if rows is None or self._interrupted():
             return
+        read_s = time.perf_counter() - t_read
         shape = self.drafter.shape  # a constraint's shaping: the candidates only what the target may draw
         if shape is not None:
             for j, r in enumerate(rows):
                 shape(r, history, draft.tokens[:j] if new else draft.tokens)
         # only the last draft token is new to a model draft: its row gives the bonus candidates
         cands = [top_candidates(r, temp) for r in rows] if new else cands[:k] + [top_candidates(rows[0], temp)]
-        plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=self._policy.fanout,
+        # the tree: the planner's width of the ranked outcomes, grown together (what the verify can hide)
+        plan = rank_outcomes(draft.tokens, cands, self._policy.p_accept, fanout=max(1, self._policy.width),
                              min_confidence=self.cfg.min_confidence, budget_cells=self.cfg.budget_cells,
                              cells_per_branch=depth,
                              coupled=None if self.drafter.sampling.greedy else (self.drafter.seed, len(history)))
@@ -290,34 +316,34 @@ class PrespecWorker:
             return
         n = len(history)
         main = self.drafter.kv.seq
-        for wave, group in enumerate((plan[:1], plan[1:])):
-            branches = []
-            for o in group:
-                if not self.free_seqs:
-                    break
-                seq = self.free_seqs.pop()
-                self.ctx.seq_cp(main, seq, 0, n + o.a)  # shares the cells of C + d[:a]: metadata only
-                br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b)
-                if shape is not None:  # the branch's own grammar state, after C + d[:a] + [b]
-                    br.shape = shape.fork(history, (*draft.tokens[:o.a], o.b))
-                self.cache.put(br)
-                branches.append(br)
-            # Any branch may be preempted mid-decode once the engine asks (it keeps what it holds),
-            # but the likeliest one not when the engine looks up its very outcome.
-            self.handoff.growing = Growing(self.base, (group[0].a, group[0].b) if wave == 0 and group else None)
-            try:
-                if not self._grow(branches, depth):
-                    return
-            except Aborted:
+        branches = []
+        for i, o in enumerate(plan):
+            if not self.free_seqs:
+                break
+            seq = self.free_seqs.pop()
+            self.ctx.seq_cp(main, seq, 0, n + o.a)  # shares the cells of C + d[:a]: metadata only
+            # the likeliest to depth, the others as deep as the planner's tree allows
+            br = Branch(o.a, o.b, seq, pos=n + o.a, feed=o.b,
+                        depth=depth if i == 0 else min(depth, self._policy.short or depth))
+            if shape is not None:  # the branch's own grammar state, after C + d[:a] + [b]
+                br.shape = shape.fork(history, (*draft.tokens[:o.a], o.b))
+            self.cache.put(br)
+            branches.append(br)
+        # the time from the verify's start to the first step, less the read's decode: the message's way
+        # here, the ranking, the branches' setup (the planner prices the tree with it)
+        self.handoff.steps.append((0, (time.perf_counter() - sent - read_s) * 1e3))
+        try:
+            if not self._grow(branches):
                 return
-            finally:
-                self.handoff.growing = None
-            # published: the engine may hand these over without asking (lookup())
-            done = {key: br for key, br in self.cache.branches.items() if br.done}
-            self.handoff.ready = Ready(self._round_no, self.base, done)
+        except Aborted:
+            return
+        finally:
+            self.handoff.growing = None
+        # published: the engine may hand these over without asking (lookup())
+        self.handoff.ready = Ready(self._round_no, self.base, {(br.a, br.b): br for br in branches if br.done})
 
-    def _grow(self, branches: list[Branch], depth: int) -> bool:
-        """Draft `depth` tokens on each branch, one batch per step. False if interrupted."""
+    def _grow(self, branches: list[Branch]) -> bool:
+        """Draft each branch to its depth, one batch per step. False if interrupted."""
         drafter = self.drafter
         while True:
             live = [br for br in branches if not br.done]
@@ -325,9 +351,32 @@ class PrespecWorker:
                 return True
             if self._stop_reading():
                 return False
+            feeds, positions, seqs = [br.feed for br in live], [br.pos for br in live], [br.seq for br in live]
+            # The engine may abort this decode once it asks (each branch keeps what it holds), but not when
+            # it looks up an outcome the decode finishes, or the one outcome of a one-row decode (the
+            # extension would decode the same)
+            self.handoff.growing = Growing(self.base, frozenset(
+                (br.a, br.b) for br in live if len(live) == 1 or len(br.tokens) + 1 >= br.depth))
+            t0 = time.perf_counter()
+            if drafter.reads_heads:  # only the rows' heads cross (where the backend makes them: decode_heads)
+                heads = decode_heads(self.ctx, feeds, positions, seqs, range(len(live)), self._head_width)
+                toks, cands, top1 = drafter.picks(heads, [p + 1 for p in positions])
+                for i, br in enumerate(live):
+                    br.pos += 1
+                    br.cells += 1
+                    if top1 is not None and float(top1[i]) < drafter.p_min:
+                        br.done = True
+                        continue
+                    br.tokens.append(toks[i])
+                    br.cands.append(cands[i])
+                    br.feed = toks[i]
+                    br.done = len(br.tokens) >= br.depth
+                self.meter.branches.add_prepared(len(live) if top1 is None else int((top1 >= drafter.p_min).sum()))
+                self.meter.branches.set_cells(self.cache.cells())
+                self.handoff.steps.append((len(live), (time.perf_counter() - t0) * 1e3))
+                continue
             # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
-            rows = self.ctx.decode([br.feed for br in live], [br.pos for br in live], [br.seq for br in live],
-                                   list(range(len(live))), copy=False)
+            rows = self.ctx.decode(feeds, positions, seqs, list(range(len(live))), copy=False)
             for br, row in zip(live, rows):
                 br.pos += 1
                 br.cells += 1
@@ -344,8 +393,9 @@ class PrespecWorker:
                     br.shape.push(t)
                 br.feed = t
                 self.meter.branches.add_prepared(1)
-                br.done = len(br.tokens) >= depth
+                br.done = len(br.tokens) >= br.depth
             self.meter.branches.set_cells(self.cache.cells())
+            self.handoff.steps.append((len(live), (time.perf_counter() - t0) * 1e3))
 
     def _finish(self) -> None:
         """Drop branches and move the main sequence back to 0 for the next generation."""
