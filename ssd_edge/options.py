@@ -94,7 +94,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("draft_min", ("--draft-min",), int, "rounds with fewer drafted tokens verify none (default 0)", _X),
     Option("draft_p_min", ("--draft-p-min",), float, "stop drafting below this draft probability (default 0)", _X),
     Option("budget_cells", ("--budget-cells",), int, "SSD: draft KV cells that pre-speculated branches may hold "
-           "(default 64)", _X),
+           "(default (k + 1) x k: a branch for each acceptance length; 72 at k = 8)", _X),
     Option("stop", ("--stop",), list, "stop at this text (repeatable)", _O),
     Option("config", ("--config",), str, "TOML config file (default ~/.config/ssd-edge/config.toml)", _O),
     Option("verbose", ("-v", "--verbose"), bool, "show llama.cpp's own logs", _O),

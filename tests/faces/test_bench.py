@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ssd_edge.bench import args as bench_args, machine as bench_machine, peer as bench_peer, report as bench_report
 from ssd_edge.bench import run as bench, schema
 from ssd_edge.bench.schema import BenchResult, PeerRecord, RunRecord
+from ssd_edge.bench.priced import Priced
 from ssd_edge.cli import commands as cli
 from ssd_edge.errors import ConfigError
 from ssd_edge.llama import backend
@@ -434,7 +435,8 @@ def test_a_priced_run_needs_no_model_files_and_is_labelled_priced(tmp_path, monk
                                   "--category", "code", "-n", "6", "-o", str(out)])
     assert code == 0, err
     result = BenchResult.model_validate_json((out / "bench.json").read_text())
-    label = "priced: H200 table h200-1.5b, draft agreement 0.9"
+    label = Priced.parse("h200-1.5b@0.9").label
+    assert label.startswith("priced: H200 table h200-1.5b, draft agreement 0.9, draft on a device of its own")
     assert result.machine.priced == label and result.machine.llama_system_info.startswith("not used")
     assert [s.name for s in result.settings] == ["priced"] and label in result.settings[0].regime
     assert result.settings[0].verify_ms[:2] == [1.70, 3.42]                      # the table's own curve

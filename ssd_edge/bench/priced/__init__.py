@@ -20,7 +20,7 @@ from ...config import EngineConfig
 from ...engine import Engine
 from ...errors import ConfigError
 from .backend import PricedContext, PricedModel
-from .prices import TABLES, PriceTable
+from .prices import HEAD_DECODE_MS, HEAD_ROW_MS, TABLES, PriceTable
 
 __all__ = ["Priced", "PricedContext", "PricedModel", "TABLES", "engine"]
 
@@ -58,8 +58,12 @@ class Priced:
 
     @property
     def label(self) -> str:
-        """How results on this pair are labelled: priced, never a measured GPU."""
-        return f"priced: {self.prices.device} table {self.table}, draft agreement {self.agreement:g}"
+        """How results on this pair are labelled: priced, never a measured GPU, with its assumptions: the
+        draft decodes on a device of its own beside the target (as the SSD reference implementation runs
+        it), and what a branch step's heads cost is an estimate (prices.py) until a GPU measures it."""
+        return (f"priced: {self.prices.device} table {self.table}, draft agreement {self.agreement:g}, "
+                f"draft on a device of its own, branch heads {HEAD_DECODE_MS:g} ms a decode + {HEAD_ROW_MS:g} a row "
+                "(estimated)")
 
     def models(self) -> tuple[PricedModel, PricedModel]:
         return (PricedModel(self.prices, "target", ties=self.ties),

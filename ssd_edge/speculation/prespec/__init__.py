@@ -18,10 +18,12 @@ When the outcome arrives, the SpeculationCache answers in O(1):
     miss    : no branch -> all branches dropped; the engine drafts just in time or
               uses the backup speculator. An outcome the plan never ranked is a miss the
               engine tells without waiting for the worker.
-Branches are grown best-first (the likeliest outcome alone, then the others together, one
-batch per depth step) and never hold more than `budget_cells` KV cells. When the engine asks,
-a branch decode in flight is aborted, except one of the likeliest branch when that is the
-outcome looked up (it is the hit); reading history the draft has not seen is never aborted.
+The branches grow as a tree from the first step: one per acceptance length first, together,
+one batched decode a depth step (the likeliest to the full depth, the others as deep as the
+planner's shape says the verify hides), within `budget_cells` KV cells; a step reads only each
+row's head (sampling.Heads), made where the backend makes rows where it can (decode_heads).
+When the engine asks, a branch decode in flight is aborted unless it finishes the branch looked
+up (it is the hit); reading history the draft has not seen is never aborted.
 
     outcomes.py  which outcomes to prepare (rank_outcomes), the Branch and SpeculationCache
                  that hold them, why a lookup missed;
