@@ -44,13 +44,16 @@ QWEN = Plan(("sd", "ssd", "auto"), tuple(p for p in PROMPTS if p.name in QWEN_NA
 # The modes run at each setting: at q8_0 sd, whose verify reads the quantized cache as every mode's does
 # (auto ran there too until CI found it drafting 48 tokens of lighthouse with none rejected, and the check
 # wants rejections seen; ssd until the suite neared 25 minutes on a 2-core AMD EPYC: 49 s, in --full).
-# lighthouse runs at q8_0 alone (it ran at 1+1 f16 too, 100 s of sd and ssd there, its tie at token 4
-# proven the same way as chat_multi's at token 29).
+# At 1+1 f16, sd and ssd run chat_multi alone (lighthouse too until then, 100 s of theirs; its tie at
+# token 4 is proven the same way as chat_multi's at token 29, and it runs at q8_0); auto both, for its
+# rejections (chat_multi alone drafted 48 tokens with none rejected). setting -> (threads, KV settings,
+# {mode: its prompts}).
 F16: dict[str, str] = {}
-THREADS = {"1+1": ((1, 1), F16, ("chat_multi",), QWEN.labels),
-           "users": (split_threads("auto", True, usable_cores()), F16, ("js_fetch", "chat_code"), QWEN.labels),
-           "q8_0": ((1, 1), dict(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"),
-                    ("lighthouse",), ("sd",))}
+BOTH = ("lighthouse", "chat_multi")
+THREADS = {"1+1": ((1, 1), F16, {"sd": ("chat_multi",), "ssd": ("chat_multi",), "auto": BOTH}),
+           "users": (split_threads("auto", True, usable_cores()), F16,
+                     {label: ("js_fetch", "chat_code") for label in QWEN.labels}),
+           "q8_0": ((1, 1), dict(cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on"), {"sd": ("lighthouse",)})}
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -66,7 +69,7 @@ def case_runs(item, config) -> bool:
     params = getattr(item, "callspec", None)
     if params is None or "label" not in params.params or config.getoption("full"):
         return True
-    return params.params["label"] in THREADS[params.params["split"]][3]
+    return params.params["label"] in THREADS[params.params["split"]][2]
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +81,13 @@ def split(request) -> str:
 def plan(request, split) -> Plan:
     if request.config.getoption("full"):
         return FULL
-    return Plan(QWEN.labels, tuple(p for p in QWEN.prompts if p.name in THREADS[split][2]), QWEN.max_new)
+    names = {name for names in THREADS[split][2].values() for name in names}
+    return Plan(QWEN.labels, tuple(p for p in QWEN.prompts if p.name in names), QWEN.max_new)
 
 
 @pytest.fixture(scope="module")
 def qwen(default_pair, plan, split):
-    threads, memory, _, _ = THREADS[split]
+    threads, memory, _ = THREADS[split]
     eng = make_engine(default_pair, target=dict(threads=threads[0], **memory),
                       draft=dict(threads=threads[1], **memory))
     eng.load_draft()  # (an engine made in mode ar loads its draft when a mode first drafts)
@@ -93,8 +97,10 @@ def qwen(default_pair, plan, split):
 
 
 @pytest.mark.timeout(1800)  # 1.5B + 0.5B at one thread each; the ar runs of the module fixture count here too
-def test_greedy_lossless_default_pair(qwen, plan, label):
+def test_greedy_lossless_default_pair(qwen, plan, split, label, request):
     engine, ar_runs = qwen
+    if not request.config.getoption("full"):  # the setting's prompts for this mode
+        plan = Plan(plan.labels, tuple(p for p in plan.prompts if p.name in THREADS[split][2][label]), plan.max_new)
     check_mode(engine, label, ar_runs, plan, max_tie_rate=QWEN_MAX_TIE_RATE)
 
 
