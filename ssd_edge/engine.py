@@ -85,6 +85,7 @@ class Engine(Pair):
         self.profile = None  # this device's calibration profile (planning/profile.py); loaded on first use
         self._profile_looked_up = False
         self._step_ms: dict[int, Ema] = {}  # target threads -> ms of a plain target step, over generations
+        self._trees: dict[str, Any] = {}  # mode -> its TreeChoice: whether SSD's tree pays here, over generations
 
     def uses_draft(self, mode: str | None = None) -> bool:
         """Whether a generation in `mode` may draft with the draft model: sd and ssd always, ar and
@@ -201,7 +202,16 @@ class Engine(Pair):
         return planned.build(mode, cfg, gen.sampling, gen.seed, gen.meter, gen.cancel.is_set, draft_kv=self.draft_kv,
                              n_draft_seqs=self.n_draft_seqs, step_ms=step.value if step is not None else None,
                              profile=self.auto_profile() if mode in ("ssd", "auto") and self.has_draft else None,
-                             shaping=gen.shaping, n_prompt=gen.n_prompt)
+                             shaping=gen.shaping, n_prompt=gen.n_prompt, tree=self._tree(mode))
+
+    def _tree(self, mode: str) -> Any:
+        """The mode's TreeChoice (speculation/policy.py), kept over generations; None where nothing
+        pre-speculates (so a mode without speculation imports none of it)."""
+        if mode not in ("ssd", "auto"):
+            return None
+        from .speculation.policy import TreeChoice
+
+        return self._trees.setdefault(mode, TreeChoice())
 
     def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
              s: SamplingConfig, draft_load_s: float | None = None, shaping: Shaping | None = None,

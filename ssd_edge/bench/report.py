@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
@@ -368,8 +369,9 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         if hit_modes or "sd" in modes:
             ax.legend(fontsize=8, loc="upper left")
     target = next((m.name for m in result.models if m.role == "target"), "")
-    priced = result.machine.priced  # a priced run's plot says so in its title, on a line of its own
-    fig.suptitle(f"ssd-edge bench, {result.options.max_tokens} tokens\n{priced}" if priced else
+    priced = result.machine.priced  # a priced run's plot says so in its title, on lines of its own
+    fig.suptitle(f"ssd-edge bench, {result.options.max_tokens} tokens\n" + "\n".join(textwrap.wrap(priced, 80))
+                 if priced else
                  f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

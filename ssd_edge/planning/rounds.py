@@ -23,6 +23,7 @@ __all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "build", "
            "threads_for", "top1", "verifiable"]
 
 if TYPE_CHECKING:
+    from ..speculation.policy import TreeChoice
     from .profile import Profile
 
 
@@ -82,14 +83,14 @@ def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile 
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
           cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
           step_ms: float | None = None, profile: Profile | None = None, shaping: Shaping | None = None,
-          n_prompt: int = 0) -> Rounds:
+          n_prompt: int = 0, tree: TreeChoice | None = None) -> Rounds:
     """The rounds of one generation in `mode`, priced by this device's profile where there is one
     and a plain step as earlier generations timed it (step_ms). shaping: the generation's constraint,
     bias and penalties (structured/shaping.py), applied to the draft's rows as to the target's; a
     grammar's forced runs go first in every round of a mode that drafts (n_prompt: where the answer
-    begins in a history)."""
+    begins in a history). tree: whether SSD's tree pays, as earlier generations found (the engine's)."""
     rounds = _build(mode, cfg, sampling, seed, meter, cancelled, draft_kv, n_draft_seqs, step_ms, profile,
-                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None)
+                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None, tree)
     if shaping is not None and shaping.matcher is not None and not rounds.plain:
         rounds.forced = ForcedRuns(shaping.cursor(), n_prompt)
     return rounds
@@ -97,7 +98,7 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
 
 def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
            cancelled: Callable[[], bool], draft_kv: KVSeq | None, n_draft_seqs: int, step_ms: float | None,
-           profile: Profile | None, shape: DraftRows | None) -> Rounds:
+           profile: Profile | None, shape: DraftRows | None, tree: TreeChoice | None = None) -> Rounds:
     menu = MENUS[mode]
     beside = runs_beside(cfg)
     t, d = cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None
@@ -126,7 +127,7 @@ def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, me
         from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
         from ..speculation.prespec import PrespecWorker
 
-        worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled), PrespecPolicy(p)
+        worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled), PrespecPolicy(p, tree)
         prepared = PreparedProposer(worker, policy, acceptance, costs, draft_cap, k_min, planned,
                                     always=menu.worker == "always")
     if ngram is not None and mode == "ssd":  # ssd's n-gram backup: only while a streak of misses offers it

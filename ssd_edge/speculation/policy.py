@@ -42,17 +42,20 @@ class PolicySnapshot(NamedTuple):
 
 class TreeChoice:
     """Whether the worker grows its tree (the planner's width: many branches at once) or the likeliest
-    branch alone first: whichever made tokens faster, timed in blocks of BLOCK rounds (a block's tokens
-    over its wall time: a tree's cost, the verify it slows through the host's shared interpreter and
-    cores, and its gain, the rounds its branches serve, both land there), the other tried again every
-    EXPLORE blocks. Where the planner finds no room for a tree (width 1) the two are the same."""
+    branch alone: the tree while it made tokens at least MARGIN faster, timed in blocks of BLOCK rounds
+    (a block's tokens over its wall time: a tree's cost, the verify it slows through the host's shared
+    interpreter and cores, and its gain, the rounds its branches serve, both land there), the other tried
+    again every EXPLORE blocks. The likeliest branch alone first: a tree has to earn its place (on the
+    priced H200 at draft agreement 0.8 it cost ssd 3% and auto 7% here). Where the planner finds no room
+    for a tree (width 1) the two are the same."""
 
     BLOCK = 8
     EXPLORE = 5
+    MARGIN = 0.03
 
     def __init__(self) -> None:
         self.rate: dict[bool, float | None] = {True: None, False: None}  # tokens a ms, by tree on/off
-        self.on = True
+        self.on = False
         self.blocks = 0
         self._ms = self._tokens = 0.0
         self._rounds = 0
@@ -73,17 +76,18 @@ class TreeChoice:
         if on is None or off is None:
             self.on = on is None
         else:
-            self.on = (on >= off) != (self.blocks % self.EXPLORE == 0)
+            self.on = (on >= off * (1.0 + self.MARGIN)) != (self.blocks % self.EXPLORE == 0)
 
 
 class PrespecPolicy:
-    def __init__(self, cfg: PrespecConfig) -> None:
+    def __init__(self, cfg: PrespecConfig, tree: TreeChoice | None = None) -> None:
+        """tree: what earlier generations found of the tree (the engine keeps one a mode), else a new one."""
         self.cfg = cfg
         self.recent_hits: deque[bool] = deque(maxlen=16)
         self.latency_ms = Ema(None, alpha=0.3)
         self.fanout = cfg.fanout_max  # the whole tree from the first round; poor hits shrink it
         self.miss_streak = 0
-        self.tree = TreeChoice()
+        self.tree = tree if tree is not None else TreeChoice()
         self.state: State = "ssd"
         self._rounds_off = 0
 

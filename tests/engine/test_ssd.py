@@ -105,6 +105,8 @@ def test_cache_key_is_accepted_count_and_emitted_token():
     # some accept all (bonus branches a == k get hit).
     # (a window of 6 outcomes from the start: both kinds of outcome are prepared whatever the estimates)
     eng, _ = fake_engine(disagree_every=7, budget_cells=64, fanout_max=8, fanout_min=6, target_delay=0.01)
+    tree = eng._tree("ssd")  # the tree kept on (as where it was found faster): every outcome kind is grown
+    tree.on, tree.rate = True, {True: 1e9, False: 0.0}
     events = list(eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd"))
     assert events[-1].tokens == run(eng, "ar").tokens
     rounds = [e.round for e in events[:-1]]

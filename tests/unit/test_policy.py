@@ -143,15 +143,21 @@ def test_tree_choice_keeps_the_faster_and_tries_the_other_now_and_then():
         for _ in range(TreeChoice.BLOCK):
             pol.observe_round(ms_per_token, 4)
 
-    assert tree.on
-    block(2.0)                    # the tree: 0.5 tokens a ms
-    assert not tree.on            # the other is timed next
-    block(1.0)                    # the likeliest branch alone: 1 token a ms
+    assert not tree.on            # the likeliest branch alone first
+    block(1.0)                    # 1 token a ms
+    assert tree.on                # the tree is timed next
+    block(2.0)                    # 0.5 tokens a ms
     arms = []
     for _ in range(2 * TreeChoice.EXPLORE):
         arms.append(tree.on)
         block(2.0 if tree.on else 1.0)
     assert arms.count(True) == 2 and arms.count(False) == 2 * TreeChoice.EXPLORE - 2  # explored, not kept
+    tree.rate = {True: 1.02, False: 1.0}  # faster by less than the margin: not worth its risk
+    block(1.0)
+    assert not tree.on or tree.blocks % TreeChoice.EXPLORE == 0
+    tree.rate = {True: 1.5, False: 1.0}
+    block(1.0 / 1.5 if tree.on else 1.0)
+    assert tree.on or tree.blocks % TreeChoice.EXPLORE == 0
     pol.state = "rolled-back"
     before = dict(tree.rate)
     block(0.1)                    # rounds with pre-speculation off time neither

@@ -76,6 +76,7 @@ class SpinFlag:
         return self._event.wait(timeout)
 
 MAKING_MARGIN_S = 20e-6  # (see PricedContext._decode)
+C_CHOICES_FROM = 3  # rows from which a decode's picks are made in C (below, the Python is faster than the arrays)
 
 N_VOCAB = 151_936
 SPECIALS = {"<|endoftext|>": 151_643, "<|im_start|>": 151_644, "<|im_end|>": 151_645}
@@ -319,10 +320,11 @@ class PricedContext(CellCache):
         price = self.model.price_s(n) + extra_s
         cells = self.store(tokens, positions, seqs)
         # The rows are the device's work, made at the end of the wait (begun twice as long before its end
-        # as they took lately, and a margin: late, they would lengthen the decode): until then this thread
+        # as they took lately, and a margin; at once where that is the whole price: late, they would
+        # lengthen the decode): until then this thread
         # leaves the interpreter to the others, as a host thread waiting for its GPU does (made first, the
         # target's rows kept SSD's worker from starting its branches for half a millisecond of each verify)
-        if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price / 2)):
+        if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price)):
             self.unstore(cells)
             DECODES.add(time.perf_counter() - t0, 0)
             raise Aborted()
@@ -342,7 +344,7 @@ class PricedContext(CellCache):
     def _choices(self, seqs: list[int], positions: list[int]) -> list:
         """choices() after each (sequence, position): in C where the extension is built (the same picks)."""
         agreement, ties = self.model.agreement, self.model.ties
-        if priced_choices is None or not seqs:
+        if priced_choices is None or len(seqs) < C_CHOICES_FROM:
             return [choices(self.tail(s, p, CONTEXT), p, agreement, ties) for s, p in zip(seqs, positions)]
         tails, lengths = self.tails(seqs, positions, CONTEXT)
         got = priced_choices(np.ascontiguousarray(tails), lengths.astype(np.int64), np.asarray(positions, np.int64),
