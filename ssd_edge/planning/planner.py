@@ -33,7 +33,7 @@ compute-bound CPU the upside is below 1.1 and no probe ever runs.
 
 The pre-speculation worker (speculation/prespec/) drafts the next round beside the verify: in
 `ssd` always (unless the SSD policy rolled it back or cut it), in `auto` only while it earns its
-keep (proposers.PreparedProposer.runs): the rounds it prepares must be used, and the time a used
+keep (prepared.PreparedProposer.runs): the rounds it prepares must be used, and the time a used
 branch saves must beat what the worker costs the verify (costs.Costs.contention).
 
 Lossless without help from here: tokens are drawn with coupled noise (coupling.py), so what the
@@ -54,7 +54,8 @@ from ..config import DRAFT_CAP  # noqa: F401 (most draft-model tokens a round ve
 from ..speculation.drafters import EMPTY, Candidates, Draft
 from ..speculation.proposer import PLAIN, Ask, Decision, Offer, Proposer, Verified
 from .costs import Costs, describe_regime
-from .proposers import PreparedProposer, lengths
+from .prepared import PreparedProposer
+from .proposers import lengths
 
 if TYPE_CHECKING:  # the modes that pre-speculate import these alone
     from ..speculation.policy import PrespecPolicy

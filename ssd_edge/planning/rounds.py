@@ -17,7 +17,8 @@ from .acceptance import DraftAcceptance, NgramAcceptance
 from .costs import Costs
 from .planner import (DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, PLAIN_RUN_S, Planner, Proposal, Rounds,  # noqa: F401
                       verifiable)
-from .proposers import DraftProposer, NgramProposer, PreparedProposer, top1, upside  # noqa: F401
+from .prepared import PreparedProposer  # noqa: F401
+from .proposers import DraftProposer, NgramProposer, top1, upside  # noqa: F401
 
 __all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "build", "caps", "draft_can_pay", "runs_beside",
            "threads_for", "top1", "verifiable"]

@@ -174,7 +174,7 @@ def test_a_partial_hit_cut_to_nothing_is_a_plain_step_greedy_and_sampled(monkeyp
     # takes a plain step); with sampling there are no q rows to stack. Found by the soak test.
     from ssd_edge.config import SamplingConfig
     from ssd_edge.planning.planner import Planner
-    from ssd_edge.planning.proposers import PreparedProposer
+    from ssd_edge.planning.prepared import PreparedProposer
     from ssd_edge.speculation.proposer import PLAIN
 
     planned = Planner._plan

@@ -27,8 +27,8 @@ from ssd_edge.metrics import Meter
 from ssd_edge.planning.acceptance import CONFIDENCE_FADE, DraftAcceptance, NgramAcceptance, match_class
 from ssd_edge.planning.costs import CONTENTION_FLOOR, Costs, Curve, Rate, describe_regime
 from ssd_edge.planning.planner import MENUS, Planner
-from ssd_edge.planning.proposers import (EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, IDLE_DOUBLINGS, IDLE_EVERY,
-                                         IDLE_QUIET, DraftProposer, NgramProposer, PreparedProposer, upside)
+from ssd_edge.planning.prepared import IDLE_DOUBLINGS, IDLE_EVERY, IDLE_QUIET, PreparedProposer
+from ssd_edge.planning.proposers import EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, DraftProposer, NgramProposer, upside
 from ssd_edge.planning.rounds import build
 from ssd_edge.speculation.drafters import EMPTY, Draft, NgramDrafter
 from ssd_edge.speculation.policy import PrespecPolicy
@@ -812,7 +812,7 @@ def test_the_tree_is_as_wide_as_the_verify_hides_and_its_short_branches_as_deep(
 def test_the_trees_steps_are_priced_from_the_workers_own_timings():
     """Once the worker has timed steps of two sizes, a tree step is priced by the line through them (host
     work included), not by the draft's calibrated curve (whose batches read whole rows)."""
-    from ssd_edge.planning.proposers import tree_step_ms
+    from ssd_edge.planning.prepared import tree_step_ms
 
     curve = lambda n: 1.0 * n  # noqa: E731
     assert tree_step_ms([(3, 0.5)] * 4, curve, 3) == [1.0, 2.0, 3.0]  # one size: the curve

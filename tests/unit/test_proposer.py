@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from ssd_edge.config import PrespecConfig, SamplingConfig
-from ssd_edge.planning import proposers
+from ssd_edge.planning import prepared, proposers
 from ssd_edge.planning.acceptance import DraftAcceptance, NgramAcceptance, gains
 from ssd_edge.planning.costs import Costs
 from ssd_edge.planning.planner import MENUS, PLAIN_MARGIN, Planner
-from ssd_edge.planning.proposers import DraftProposer, NgramProposer, PreparedProposer
+from ssd_edge.planning.prepared import PreparedProposer
+from ssd_edge.planning.proposers import DraftProposer, NgramProposer
 from ssd_edge.planning.rounds import Rounds
 from ssd_edge.speculation.drafters import Draft, NgramDrafter
 from ssd_edge.speculation.policy import PrespecPolicy
@@ -163,9 +164,9 @@ def test_rounds_runs_it_like_any_proposer():
 
 
 def ssd_edge_proposers() -> list[type]:
-    """The proposer classes of planning/proposers.py: those with a kind of their own."""
-    return [c for _, c in inspect.getmembers(proposers, inspect.isclass)
-            if c.__module__ == proposers.__name__ and isinstance(getattr(c, "kind", None), str)]
+    """The proposer classes of planning/proposers.py and prepared.py: those with a kind of their own."""
+    return [c for module in (proposers, prepared) for _, c in inspect.getmembers(module, inspect.isclass)
+            if c.__module__ == module.__name__ and isinstance(getattr(c, "kind", None), str)]
 
 
 def test_every_proposer_satisfies_the_protocol():

@@ -3,7 +3,7 @@
 An outcome (a, b) is a round's verification result: a draft tokens accepted, then the target's token
 b. rank_outcomes picks the likeliest within the fan-out and the cell budget; the SpeculationCache
 holds a Branch for each one the worker grows; why_missed and outcome_of read a finished round
-against them. All of it is plain data: the worker thread (worker.py) is what fills it.
+against them; decode_heads is a branch step's decode, its rows handed over as heads. All of it is plain data: the worker thread (worker.py) is what fills it.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from ...coupling import gumbels
 from ...llama.kvseq import common_prefix
+from ...sampling import Heads, heads_of
 from ..drafters import Candidates, Draft
 
 
@@ -162,3 +163,14 @@ def outcome_of(base: tuple[list[int], Draft], history: list[int]) -> tuple[int, 
     if len(history) == n + a + 1 and history[:n] == C:
         return a, history[n + a]
     return None
+
+
+def decode_heads(ctx: Any, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
+                 logits_for: Sequence[int], width: int) -> Heads:
+    """One decode of branch rows, each handed back as its head (sampling.Heads): made where the rows are
+    where the backend can (a context's own decode_heads: the priced pair, a GPU's top-k), else read off
+    the rows here (the C top-k pass a row, on the CPU build)."""
+    own = getattr(ctx, "decode_heads", None)
+    if own is not None:
+        return own(tokens, positions, seqs, logits_for, width)
+    return heads_of(ctx.decode(tokens, positions, seqs, logits_for, copy=False), width)

@@ -14,25 +14,14 @@ from ...config import PrespecConfig
 from ...interface import DECODES, Aborted
 from ...llama.kvseq import Cancelled
 from ...metrics import Meter
-from ...sampling import Heads, head_width, heads_of
+from ...sampling import head_width
 from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
 from ..policy import PolicySnapshot
 from .handoff import Base, Growing, Handoff, Ranked, Ready
-from .outcomes import Branch, LookupResult, SpeculationCache, outcome_of, rank_outcomes, why_missed
+from .outcomes import Branch, LookupResult, SpeculationCache, decode_heads, outcome_of, rank_outcomes, why_missed
 
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
-
-
-def decode_heads(ctx: Any, tokens: Sequence[int], positions: Sequence[int], seqs: Sequence[int],
-                 logits_for: Sequence[int], width: int) -> Heads:
-    """One decode of branch rows, each handed back as its head (sampling.Heads): made where the rows are
-    where the backend can (a context's own decode_heads: the priced pair, a GPU's top-k), else read off
-    the rows here (the C top-k pass a row, on the CPU build)."""
-    own = getattr(ctx, "decode_heads", None)
-    if own is not None:
-        return own(tokens, positions, seqs, logits_for, width)
-    return heads_of(ctx.decode(tokens, positions, seqs, logits_for, copy=False), width)
 
 
 def _since(mark: tuple[float, int]) -> tuple[float, int]:
