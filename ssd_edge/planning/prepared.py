@@ -53,7 +53,7 @@ class PreparedProposer:
         self.always = always  # ssd: the worker prepares every round; auto: while it earns its keep
         self.looked: Any = None  # this round's LookupResult
         self.status: str | None = None  # this round's lookup: hit, partial, miss (None: nothing prepared)
-        self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)  # prepared rounds used (as whole ones) / looked up
+        self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)  # prepared rounds used / looked up
         self.rounds_resting = 0  # rounds since the worker last prepared
         self.fade_backoff = 0  # doublings of FADE_ROUNDS: woken by the fade, the worker's rounds went unused
         self.resumed = False  # the worker prepares now after a rest
@@ -115,8 +115,10 @@ class PreparedProposer:
         self.resumed = self.busy and resting > 0 and self.prefilled
         if self.busy:
             depth = self.branch_depth()
-            width, short = self.tree_shape(len(draft) + 1, depth, self.policy.fanout)
-            if not self.policy.tree.on:  # the tree made tokens slower lately: the likeliest branch first
+            if self.policy.tree.on:
+                width, short = self.tree_shape(len(draft) + 1, depth, self.policy.fanout)
+            else:  # the tree made tokens no faster lately (TreeChoice): the likeliest branch alone
+                self._take_timings()
                 width, short = 1, depth
             self.worker.verifying(history, draft, self.policy.snapshot(self.acceptance.p_accept(len(draft)), depth,
                                                                        width, short))
@@ -190,15 +192,9 @@ class PreparedProposer:
         verifying its `short` tokens at once must make tokens faster than drafting `depth` just in time
         and verifying them. The widest tree that fits at such a depth, as deep as it then can go; where
         none fits (a CPU, where a batch of n rows costs about n steps), (1, depth): the likeliest branch
-        alone, the others after it. The worker's own timings (its host work beyond the draft's curve,
-        handoff.steps) go into the price."""
-        steps = self.worker.handoff.steps  # the worker's timings since
-        while steps:
-            rows, ms = steps.popleft()
-            if rows:  # a batched step of `rows` branches, host work included
-                self.tree_steps.append((rows, ms))
-            else:  # from the verify's start to the first step, less the read: the message, ranking, setup
-                self.setup_ms = running_mean(self.setup_ms, ms, 0.2)
+        alone. The worker's own timings (_take_timings: its host work beyond the draft's curve) go into
+        the price."""
+        self._take_timings()
         start = self.costs.draft.ms(1) + (self.setup_ms or 0.0)
         window = self.window_ms.get(verifying) or self.costs.target.ms(verifying) * self.costs.contention
         step = [0.0] + tree_step_ms(self.tree_steps, self.costs.draft.ms, max(1, most))
@@ -210,6 +206,17 @@ class PreparedProposer:
                 if start + short * step[n] + (depth - short) * step[1] <= window:
                     return n, short
         return 1, depth
+
+    def _take_timings(self) -> None:
+        """The worker's timings since the last look (handoff.steps): its batched steps (rows, ms), and the
+        time to its first step (rows 0); taken each round the worker prepares, a tree shaped or not."""
+        steps = self.worker.handoff.steps
+        while steps:
+            rows, ms = steps.popleft()
+            if rows:  # a batched step of `rows` branches, host work included
+                self.tree_steps.append((rows, ms))
+            else:  # from the verify's start to the first step, less the read: the message, ranking, setup
+                self.setup_ms = running_mean(self.setup_ms, ms, 0.2)
 
     def branch_depth(self) -> int:
         """How many tokens the worker drafts on each branch: in ssd its full draft length (a hit is
