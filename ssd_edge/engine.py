@@ -273,7 +273,8 @@ class Engine(Pair):
         f = min(prop.forced, a)  # accepted tokens a grammar forced: the draft's first
         return Round(len(meter.rounds), rounds.served, prop.speculator, prop.prespec, len(draft), a, wall_ms,
                      verify_s * 1e3, (t_verify - t_round) * 1e3, tokens,
-                     ("grammar",) * f + (PROVENANCE.get(prop.speculator, prop.speculator),) * (a - f) + ("target",)), kept
+                     ("grammar",) * f + (PROVENANCE.get(prop.speculator, prop.speculator),) * (a - f) + ("target",),
+                     beside=rounds.beside), kept
 
     def _plain_run(self, gen: Generation, prop: planned.Proposal, t_round: float
                    ) -> tuple[Round, list[int]] | None:

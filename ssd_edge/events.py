@@ -77,6 +77,7 @@ class Round:
     tokens: tuple[int, ...] = ()    # what the round added to the history: accepted draft tokens, the target's
     provenance: tuple[Provenance, ...] = ()  # one per token
     steps: int = 1                  # target steps it stands for (a plain run made in one C call: several)
+    beside: int = 0                 # branches the pre-speculation worker grew beside its verify (0: none; >1: a tree)
 
 
 @dataclass(frozen=True)
@@ -228,9 +229,14 @@ class Stats:
     host_ms_per_position: float | None = None
     native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge/native.c), "numpy"
     forced: int = 0                     # tokens the answer's grammar forced, proposed without a model (structured output)
+    # the host's share split by what the worker did beside each round's verify (metrics.WORKER_BESIDE:
+    # alone, branch, tree): (host seconds, positions) where such rounds ran; what a tree costs the engine
+    # thread (the interpreter lock the two share) shows as tree's ms per position above alone's
+    host_by_worker: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))
+        object.__setattr__(self, "host_by_worker", _frozen(self.host_by_worker))
         object.__setattr__(self, "per_position_acceptance", tuple(self.per_position_acceptance))
         if self.memory is not None:
             object.__setattr__(self, "memory", _frozen(self.memory))
@@ -253,7 +259,8 @@ class Stats:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out.update(per_position_acceptance=list(self.per_position_acceptance), prespec=self.prespec.to_dict(),
                    speculators=dict(self.speculators), memory=dict(self.memory) if self.memory is not None else None,
-                   devices=dict(self.devices) if self.devices is not None else None)
+                   devices=dict(self.devices) if self.devices is not None else None,
+                   host_by_worker={w: list(sp) for w, sp in self.host_by_worker.items()})
         if self.auto is None:
             del out["auto"]
         else:

@@ -114,6 +114,13 @@ def decode_rate(tokens: int, first_round_tokens: int, wall_s: float, ttft_s: flo
     return tokens / wall_s
 
 
+WORKER_BESIDE = ("alone", "branch", "tree")  # a round's verify with no worker beside it, one branch, several
+
+
+def worker_beside(branches: int) -> str:
+    return WORKER_BESIDE[min(branches, 2)]
+
+
 class Meter:
     def __init__(self, mode: str, k: int | None, budget_cells: int = 0) -> None:
         """k: the longest draft expected (the per-position tallies grow past it as needed)."""
@@ -139,6 +146,8 @@ class Meter:
         self.cell_bytes = 0  # draft KV bytes per cell, when known
         self.state = mode
         self.decodes0 = DECODES.read()  # this thread's time in decodes so far (host time is the rest)
+        self._mark = (self.t0, *self.decodes0)  # (time, decode seconds, rows) when the last round was recorded
+        self.host_by_worker: dict[str, list[float]] = {}  # WORKER_BESIDE -> [host seconds, positions]
 
     # ------------------------------------------------------------ recording
     def first_token(self) -> None:
@@ -149,6 +158,12 @@ class Meter:
         """A round and how many of its tokens the answer kept (Stats.rounds counts its steps)."""
         self.rounds.append(r)
         self.steps += r.steps
+        now, (seconds, rows) = time.perf_counter(), DECODES.read()  # the round's host share, since the last one
+        t, s0, n0 = self._mark
+        tally = self.host_by_worker.setdefault(worker_beside(r.beside), [0.0, 0])
+        tally[0] += (now - t) - (seconds - s0)
+        tally[1] += rows - n0
+        self._mark = (now, seconds, rows)
         self.tokens += emitted
         if "grammar" in r.provenance[:emitted]:
             self.forced += r.provenance[:emitted].count("grammar")
@@ -233,4 +248,4 @@ class Meter:
             first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,
             in_decode_s=in_decode_s, positions=positions,
             host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None, native=native,
-            forced=self.forced)
+            forced=self.forced, host_by_worker={w: (s, int(n)) for w, (s, n) in self.host_by_worker.items()})

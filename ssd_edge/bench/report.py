@@ -1,6 +1,6 @@
 """What `ssd-edge bench` makes of its runs: summary rows per (setting, mode,
 category), the goals checked against them, a markdown report in the style of
-llama-bench, and a plot (speedup per category, pre-speculation hit rate).
+llama-bench, and the files it writes (bench.png: plot.py).
 
 Aggregates are ratios of sums, not means of ratios: decode tokens/s is a
 group's decode tokens over its decode time, each run's counted as the meter
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import statistics
-import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from ..metrics import WORKER_BESIDE
 from .schema import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow
 
 FIXED = ("sd", "lookup", "ssd")
@@ -56,7 +56,36 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
         draft_util=_ratio(sum(r.draft_busy_s for r in runs), wall),
         target_util=_ratio(sum(r.target_busy_s for r in runs), wall),
         host_ms_per_position=_ratio(1e3 * (wall - sum(r.in_decode_s for r in runs)), positions) if positions else None,
+        host_ms_per_position_by_worker=_host_by_worker(runs),
         peak_rss_mib=max(r.peak_rss_mib for r in runs), answer_s=wall / len(runs), **_structured(runs))
+
+
+def _host_by_worker(runs: list[RunRecord]) -> dict[str, float]:
+    """Host ms per position by what the worker did beside a round's verify, over the runs (WORKER_BESIDE's
+    order; only what ran)."""
+    out = {}
+    for w in WORKER_BESIDE:
+        parts = [r.host_by_worker[w] for r in runs if w in r.host_by_worker]
+        positions = sum(n for _, n in parts)
+        if positions:
+            out[w] = 1e3 * sum(s for s, _ in parts) / positions
+    return out
+
+
+def _host_table(rows: list[SummaryRow]) -> list[str]:
+    """Host ms per position by what the pre-speculation worker did beside each verify, for the modes
+    where it ran: a tree's cost to the engine thread (the interpreter lock the two share) shows as its
+    column above alone's."""
+    shown = [r for r in rows if r.category == ALL and set(r.host_ms_per_position_by_worker) - {"alone"}]
+    if not shown:
+        return []
+    out = ["", "Host ms/pos by what the SSD worker did beside the verify (alone: nothing; branch: the likeliest "
+           "outcome's; tree: several at once):", "", "| setting | mode | " + " | ".join(WORKER_BESIDE) + " |",
+           "|---|---|" + "--:|" * len(WORKER_BESIDE)]
+    for r in shown:
+        by = r.host_ms_per_position_by_worker
+        out.append(f"| {r.setting} | {r.mode} | " + " | ".join(_f(by.get(w), '.3f') for w in WORKER_BESIDE) + " |")
+    return out
 
 
 def _structured(runs: list[RunRecord] | list[PeerRecord]) -> dict[str, float | None]:
@@ -132,7 +161,7 @@ def _get(rows: list[SummaryRow], setting: str, mode: str, category: str) -> Summ
     return next((r for r in rows if (r.setting, r.mode, r.category) == (setting, mode, category)), None)
 
 
-def _cells(rows: list[SummaryRow], setting: str, mode: str, cats: list[str], field: str) -> list[float | None]:
+def cells(rows: list[SummaryRow], setting: str, mode: str, cats: list[str], field: str) -> list[float | None]:
     """One field of a mode's rows, per category (None: no row, or the row has no such value)."""
     return [getattr(r, field) if (r := _get(rows, setting, mode, c)) is not None else None for c in cats]
 
@@ -197,7 +226,7 @@ def _f(x: float | None, fmt: str = ".2f", none: str = "–") -> str:
     return none if x is None else format(x, fmt)
 
 
-def _threads(result: BenchResult, setting: str) -> str:
+def threads_of(result: BenchResult, setting: str) -> str:
     s = next(x for x in result.settings if x.name == setting)
     return f"{s.target_threads}+{s.draft_threads}"
 
@@ -278,12 +307,13 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
         if r.category != ALL:
             continue
         lines.append(
-            f"| {r.setting} | {r.mode} | {_f(r.k, 'd', 'auto')} | {_threads(result, r.setting)} | "
+            f"| {r.setting} | {r.mode} | {_f(r.k, 'd', 'auto')} | {threads_of(result, r.setting)} | "
             f"{r.tokens_per_s:.2f} ± {r.tokens_per_s_std:.2f} | {_f(r.speedup_vs_ar)}x | "
             f"{_f(r.answer_tokens_per_s)} | {_f(r.ttft_ms, '.0f')} | "
             f"{_f(r.latency_p50_ms, '.0f')} | {_f(r.latency_p95_ms, '.0f')} | {_f(r.acceptance)} | "
             f"{_f(r.mean_accepted_len)} | {_f(r.hit_rate)} | {_f(r.draft_util)} | {_f(r.target_util)} | "
             f"{_f(r.host_ms_per_position, '.3f')} | {_f(r.peak_rss_mib, '.0f')} |")
+    lines += _host_table(rows)
     cats = [c for c in CATEGORIES if any(r.category == c for r in rows)]
     lines += ["", "Decode tokens/s per category (speedup vs ar in the same setting):", "",
               "| setting | mode | " + " | ".join(cats) + " |", "|---|---|" + "--:|" * len(cats)]
@@ -323,62 +353,6 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- plot
-
-def plot_png(result: BenchResult, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = result.summary
-    settings = [s.name for s in result.settings]
-    cats = [ALL] + [c for c in CATEGORIES if any(r.category == c for r in rows)]
-    fig, axes = plt.subplots(2, len(settings), figsize=(6.5 * len(settings), 8), squeeze=False)
-    for j, s in enumerate(settings):
-        modes = [m for m in dict.fromkeys(r.mode for r in rows if r.setting == s and r.mode != "ar")]
-        ax = axes[0][j]
-        width = 0.8 / max(len(modes), 1)
-        x = np.arange(len(cats))
-        top = 1.0
-        for i, mode in enumerate(modes):
-            vals = [v or 0.0 for v in _cells(rows, s, mode, cats, "speedup_vs_ar")]
-            ax.bar(x + (i - (len(modes) - 1) / 2) * width, vals, width, label=mode)
-            top = max(top, *vals)
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_ylim(0, top * 1.3)  # headroom: the legend sits above the bars, not on them
-        ax.set_xticks(x, cats, rotation=20)
-        ax.set_ylabel("decode speedup vs ar")
-        ax.set_title(f"{s} ({_threads(result, s)} threads)")
-        ax.legend(fontsize=8, ncol=3, loc="upper left")
-        ax = axes[1][j]
-        # a mode whose worker never prepared a round (auto with both models on every core) has no hit rate
-        hits = {m: _cells(rows, s, m, cats, "hit_rate") for m in ("ssd", "auto") if m in modes}
-        hit_modes = [m for m, cells in hits.items() if any(v is not None for v in cells)]
-        width = 0.8 / max(len(hit_modes) + 1, 1)
-        for i, mode in enumerate(hit_modes):
-            vals = [v or 0.0 for v in hits[mode]]
-            ax.bar(x + (i - len(hit_modes) / 2) * width, vals, width, label=f"{mode} hit rate")
-        if "sd" in modes:
-            acc = [v or 0.0 for v in _cells(rows, s, "sd", cats, "acceptance")]
-            ax.plot(x, acc, "ko-", label="sd acceptance")
-        ax.set_ylim(0, 1.3)
-        ax.set_xticks(x, cats, rotation=20)
-        ax.set_ylabel("rate")
-        ax.set_title(f"{s}: pre-speculation hit rate" + ("" if hit_modes else " (no pre-speculation ran)"))
-        if hit_modes or "sd" in modes:
-            ax.legend(fontsize=8, loc="upper left")
-    target = next((m.name for m in result.models if m.role == "target"), "")
-    priced = result.machine.priced  # a priced run's plot says so in its title, on lines of its own
-    fig.suptitle(f"ssd-edge bench, {result.options.max_tokens} tokens\n" + "\n".join(textwrap.wrap(priced, 80))
-                 if priced else
-                 f"ssd-edge bench: {target}, {result.machine.cores} cores, {result.options.max_tokens} tokens")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def write(result: BenchResult, out: Path, plot: bool = True) -> list[Path]:
     """bench.json (validated on the way out), bench.md and bench.png in `out`."""
     data = json.loads(result.model_dump_json())
@@ -387,5 +361,7 @@ def write(result: BenchResult, out: Path, plot: bool = True) -> list[Path]:
     paths[0].write_text(json.dumps(data, indent=1))
     paths[1].write_text(markdown(result))
     if plot and result.summary:
+        from .plot import plot_png  # (matplotlib: loaded only to draw)
+
         paths.append(plot_png(result, out / "bench.png"))
     return paths

@@ -121,6 +121,9 @@ class RunRecord(BaseModel):
     target_busy_s: float
     in_decode_s: float = Field(default=0.0, description="time inside llama_decode on the generating thread (Stats)")
     positions: int = Field(default=0, description="logit rows decoded: every verified and drafted position")
+    host_by_worker: dict[str, list[float]] = Field(default_factory=dict, description="by what the pre-speculation "
+                                                   "worker did beside a round's verify (alone, branch, tree): "
+                                                   "[host seconds, positions] (Stats.host_by_worker)")
     peak_rss_mib: float
     memory: dict[str, int] | None = Field(default=None, description="bytes by part at the end of the run "
                                           "(memory.MemoryUse.to_dict: weights, KV and compute buffers by model, "
@@ -194,6 +197,9 @@ class SummaryRow(BaseModel):
     target_util: float | None
     host_ms_per_position: float | None = Field(default=None, description="wall time outside llama_decode per "
                                                "decoded position, over the runs (Stats.host_ms_per_position)")
+    host_ms_per_position_by_worker: dict[str, float] = Field(default_factory=dict, description="the same, by what "
+                                                             "the worker did beside a round's verify: alone, "
+                                                             "branch (one), tree (several at once)")
     peak_rss_mib: float | None
     answer_s: float | None = Field(default=None, description="mean seconds per answer, prompt to last token "
                                    "(llama-server: the request's wall time)")

@@ -230,6 +230,11 @@ class Rounds:
         return self.prepared is not None and self.prepared.busy
 
     @property
+    def beside(self) -> int:
+        """Branches the worker grows beside the verify now running (0: it rests)."""
+        return self.prepared.width if self.busy else 0
+
+    @property
     def served(self) -> str:
         """The mode that served the last round: ar (plain), lookup (n-gram), sd (draft), ssd (branch)."""
         return SERVED.get(self.decision.kind, self.decision.kind) if self.decision is not None else "ar"

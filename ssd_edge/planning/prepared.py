@@ -58,6 +58,7 @@ class PreparedProposer:
         self.fade_backoff = 0  # doublings of FADE_ROUNDS: woken by the fade, the worker's rounds went unused
         self.resumed = False  # the worker prepares now after a rest
         self.busy = False  # the worker drafts beside the verify now running
+        self.width = 0  # ... that many branches at once (a tree: more than 1)
         self.busy_streak = 0  # rounds the worker has drafted in a row
         # doublings of IDLE_EVERY (IDLE_QUIET): one to start with where the profile found the worker quiet
         self.idle_backoff = int(costs.contention <= IDLE_QUIET)
@@ -120,6 +121,7 @@ class PreparedProposer:
             else:  # the tree made tokens no faster lately (TreeChoice): the likeliest branch alone
                 self._take_timings()
                 width, short = 1, depth
+            self.width = width
             self.worker.verifying(history, draft, self.policy.snapshot(self.acceptance.p_accept(len(draft)), depth,
                                                                        width, short))
 

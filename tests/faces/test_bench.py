@@ -450,6 +450,27 @@ def test_a_priced_run_needs_no_model_files_and_is_labelled_priced(tmp_path, monk
     assert not (tmp_path / "home").exists()                                      # no profile read or written
 
 
+def test_ssds_host_time_is_reported_by_what_its_worker_did_beside_the_verify(tmp_path, monkeypatch):
+    """bench.json's host ms per position, split by what the SSD worker grew beside each verify (alone,
+    one branch, a tree): every position counted once; bench.md's table of it lists ssd, not sd."""
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path / "home"))
+    out = tmp_path / "out"
+    code, _, err = ssd_edge(["bench", "--priced", "h200-1.5b", "--quick", "--modes", "sd,ssd", "--category", "code",
+                             "-n", "24", "-k", "8", "--no-plot", "-o", str(out)])
+    assert code == 0, err
+    result = BenchResult.model_validate_json((out / "bench.json").read_text())
+    runs = {r.mode: r for r in result.runs}
+    sd, ssd = runs["sd"], runs["ssd"]
+    assert list(sd.host_by_worker) == ["alone"] and set(ssd.host_by_worker) - {"alone"}
+    for run in (sd, ssd):
+        assert sum(n for _, n in run.host_by_worker.values()) == run.positions
+    row = next(r for r in result.summary if r.mode == "ssd" and r.category == "all")
+    assert all(v > 0 for v in row.host_ms_per_position_by_worker.values())
+    md = (out / "bench.md").read_text()
+    table = md[md.index("Host ms/pos by what the SSD worker did"):].split("\n\n")[1]
+    assert "| priced | ssd |" in table and "| priced | sd |" not in table
+
+
 def test_auto_on_a_priced_pair_plans_from_a_profile_measured_on_it_in_memory(tmp_path, monkeypatch):
     home = tmp_path / "home"
     monkeypatch.setenv("SSD_EDGE_HOME", str(home))

@@ -37,7 +37,7 @@ for _folder in (TESTS, TESTS.parent):  # run as a script (--write): this checkou
         sys.path.insert(0, str(_folder))
 
 from fakes import FakeContext, FakeModel  # noqa: E402
-from ssd_edge import config, events  # noqa: E402
+from ssd_edge import config, events, metrics  # noqa: E402
 from ssd_edge.bench import schema  # noqa: E402
 from ssd_edge.config import EngineConfig  # noqa: E402
 from ssd_edge.engine import Engine  # noqa: E402
@@ -51,9 +51,10 @@ PROMPT = [3, 9, 4, 17, 2]
 # Maps keyed by data (a proposer, a token count, a setting's name), not by field: their keys read as "*".
 MAPS = {
     "Stats.to_dict()": {"speculators", "prespec.miss_reasons", "prespec.hits_by_accepted", "devices", "auto.decisions",
-                        "auto.verify_ms"},
+                        "auto.verify_ms", "host_by_worker"},
     "bench.json": {"libraries", "engine_configs", "runs[].miss_reasons", "runs[].hits_by_accepted", "runs[].modes_run",
-                   "runs[].auto.decisions", "runs[].auto.verify_ms"},
+                   "runs[].auto.decisions", "runs[].auto.verify_ms", "runs[].host_by_worker",
+                   "summary[].host_ms_per_position_by_worker"},
     "server": {"speculation.rounds_by_proposer", "speculation.tokens_by_source", "speculation.planner_decisions",
                "choices[].logprobs.top_logprobs[]"},  # /v1/completions' {token text: logprob}
 }
@@ -107,6 +108,7 @@ def vocabularies() -> dict[str, list[str]]:
         "StopReason (stop_reason, generations{reason})": list(typing.get_args(events.StopReason)),
         "Health (prespec.health, hit_rate_health)": list(typing.get_args(events.Health)),
         "MISS_REASONS (miss_reasons)": list(events.MISS_REASONS),
+        "WORKER_BESIDE (host_by_worker, host_ms_per_position_by_worker)": list(metrics.WORKER_BESIDE),
         "MODES (mode)": list(config.MODES),
         "PROPOSER (rounds_by_proposer, rounds{proposer})": [f"{k}: {v}" for k, v in reply.PROPOSER.items()],
         "FINISH_REASON (finish_reason)": [f"{k}: {v}" for k, v in reply.FINISH_REASON.items()],

@@ -23,7 +23,7 @@ OLD_KEYS = {
     "seed",
 }
 NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position",
-            "devices", "native", "forced"}  # added since; old readers ignore them
+            "devices", "native", "forced", "host_by_worker"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
@@ -83,8 +83,9 @@ def test_attributes_are_the_dict_values():
     stats = ssd_meter().stats(seed=None)
     d = stats.to_dict()
     for f in dataclasses.fields(Stats):
-        if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto"):
+        if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto", "host_by_worker"):
             assert d[f.name] == getattr(stats, f.name), f.name
+    assert d["host_by_worker"] == {w: list(sp) for w, sp in stats.host_by_worker.items()}
     assert stats.seed is None and stats.auto is None and stats.prespec.hit_rate == 0.5
     assert stats.prespec.health == "fair"  # 0.5: not below HIT_RATE_POOR
 
@@ -195,6 +196,34 @@ def test_host_time_is_the_wall_outside_this_threads_decodes_per_row():
     assert stats.host_ms_per_position == pytest.approx((stats.wall_s - 0.010) / 4 * 1e3)
     assert stats.host_ms_per_position > (0.03 - 0.010) / 4 * 1e3 * 0.9
     assert Meter("ar", None).stats().host_ms_per_position is None  # no decode, no figure
+
+
+def test_host_time_splits_by_what_the_worker_did_beside_each_round():
+    """Stats.host_by_worker: each round's host share (since the round before) under what the worker
+    grew beside its verify: nothing (alone), one branch, a tree; the parts add up to the whole."""
+    import time
+
+    from ssd_edge.interface import DECODES
+
+    m = Meter("ssd", 3)
+    for i, (beside, host_s) in enumerate([(0, 0.004), (1, 0.002), (9, 0.012), (9, 0.012)]):
+        time.sleep(host_s)
+        DECODES.add(0.001, 5)  # counted as this thread's decode time (not slept: the host share is 1 ms less)
+        m.record(Round(i, "ssd", "prespec", "hit", 4, 4, 1.0, 1.0, 0.0, beside=beside), 5)
+    stats = m.stats()
+    by = stats.host_by_worker
+    assert list(by) == ["alone", "branch", "tree"] and [n for _, n in by.values()] == [5, 5, 10]
+    assert by["tree"][0] > (0.024 - 0.002) * 0.9 and by["alone"][0] > (0.004 - 0.001) * 0.9
+    assert sum(s for s, _ in by.values()) <= stats.wall_s - stats.in_decode_s
+    assert json.loads(json.dumps(stats.to_dict()))["host_by_worker"]["tree"][1] == 10
+    from rich.console import Console
+
+    from ssd_edge.stats_text import stats_table
+
+    console = Console(width=200, record=True)
+    console.print(stats_table(stats))
+    text = console.export_text()
+    assert "by the worker beside" in text and "tree " in text
 
 
 def test_devices_are_in_the_stats_the_line_the_table_and_the_metrics():
