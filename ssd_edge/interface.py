@@ -50,18 +50,33 @@ class DecodeClock:
     def __init__(self) -> None:
         self._local = threading.local()
 
-    def add(self, seconds: float, rows: int) -> None:
-        loc = self._local
+    def here(self) -> DecodeTotals:
+        """The calling thread's totals: one object a thread, which add() updates in place (a reader on
+        that thread may keep it and read its fields, as the meter does each round)."""
         try:
-            loc.seconds += seconds
-            loc.rows += rows
-        except AttributeError:  # this thread's first decode
-            loc.seconds, loc.rows = seconds, rows
+            return self._local.totals
+        except AttributeError:  # this thread's first use
+            totals = self._local.totals = DecodeTotals()
+            return totals
+
+    def add(self, seconds: float, rows: int) -> None:
+        totals = self.here()
+        totals.seconds += seconds
+        totals.rows += rows
 
     def read(self) -> tuple[float, int]:
         """(seconds inside decodes, rows returned) on the calling thread, since it started."""
-        loc = self._local
-        return getattr(loc, "seconds", 0.0), getattr(loc, "rows", 0)
+        totals = self.here()
+        return totals.seconds, totals.rows
+
+
+class DecodeTotals:
+    """One thread's time inside decodes and the rows they returned (DecodeClock.here)."""
+
+    __slots__ = ("seconds", "rows")
+
+    def __init__(self) -> None:
+        self.seconds, self.rows = 0.0, 0
 
 
 DECODES = DecodeClock()  # the one clock every backend adds to; per thread, so no lock

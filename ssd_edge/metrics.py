@@ -146,6 +146,7 @@ class Meter:
         self.cell_bytes = 0  # draft KV bytes per cell, when known
         self.state = mode
         self.decodes0 = DECODES.read()  # this thread's time in decodes so far (host time is the rest)
+        self._decodes = DECODES.here()  # the same totals, read each round (no call into interface.py)
         self._mark = (self.t0, *self.decodes0)  # (time, decode seconds, rows) when the last round was recorded
         self.host_by_worker: dict[str, list[float]] = {}  # WORKER_BESIDE -> [host seconds, positions]
 
@@ -158,7 +159,7 @@ class Meter:
         """A round and how many of its tokens the answer kept (Stats.rounds counts its steps)."""
         self.rounds.append(r)
         self.steps += r.steps
-        now, (seconds, rows) = time.perf_counter(), DECODES.read()  # the round's host share, since the last one
+        now, seconds, rows = time.perf_counter(), self._decodes.seconds, self._decodes.rows  # the round's host share
         t, s0, n0 = self._mark
         tally = self.host_by_worker.setdefault(worker_beside(r.beside), [0.0, 0])
         tally[0] += (now - t) - (seconds - s0)

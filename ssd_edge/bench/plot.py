@@ -8,8 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .report import ALL, cells, threads_of
-from .schema import CATEGORIES, BenchResult
+from .schema import ALL, CATEGORIES, BenchResult, cells, threads_of
 
 
 def plot_png(result: BenchResult, path: Path) -> Path:

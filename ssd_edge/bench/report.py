@@ -19,10 +19,9 @@ from typing import Iterable
 import numpy as np
 
 from ..metrics import WORKER_BESIDE
-from .schema import CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow
+from .schema import ALL, CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow, cells, row_of, threads_of
 
 FIXED = ("sd", "lookup", "ssd")
-ALL = "all"
 STRUCTURED = "structured"  # every structured prompt (response_format or tools), whatever its category
 
 
@@ -157,15 +156,6 @@ def _mode_order(mode: str) -> tuple[int, str]:
     return (fixed.index(mode), "") if mode in fixed else (len(fixed), mode)
 
 
-def _get(rows: list[SummaryRow], setting: str, mode: str, category: str) -> SummaryRow | None:
-    return next((r for r in rows if (r.setting, r.mode, r.category) == (setting, mode, category)), None)
-
-
-def cells(rows: list[SummaryRow], setting: str, mode: str, cats: list[str], field: str) -> list[float | None]:
-    """One field of a mode's rows, per category (None: no row, or the row has no such value)."""
-    return [getattr(r, field) if (r := _get(rows, setting, mode, c)) is not None else None for c in cats]
-
-
 # ---------------------------------------------------------------- goals
 
 # What auto must reach against ar where verifying is cheap (the memory-bound stand-in), per category
@@ -199,7 +189,7 @@ def goals(rows: list[SummaryRow], modes: Iterable[str], stand_ins: Iterable[str]
         for s in settings:
             memory = s in stand_ins
             for c in (ALL, *CATEGORIES):
-                auto, ar = _get(rows, s, "auto", c), _get(rows, s, "ar", c)
+                auto, ar = row_of(rows, s, "auto", c), row_of(rows, s, "ar", c)
                 if auto is None or ar is None:
                     continue
                 ratio_goal(f"{s}, {c}: auto vs ar", STAND_IN_SPEEDUP.get(c, 1.0) if memory else 0.97, auto, ar)
@@ -211,7 +201,7 @@ def goals(rows: list[SummaryRow], modes: Iterable[str], stand_ins: Iterable[str]
                                     met=v <= 1.10, detail=f"{auto.ttft_ms:.0f} vs {ar.ttft_ms:.0f} ms"))
             peer = best(s, ALL, [r.mode for r in rows if r.mode.startswith("llama.cpp k=")])  # speculative-simple
             if memory and peer is not None:
-                auto = _get(rows, s, "auto", ALL)
+                auto = row_of(rows, s, "auto", ALL)
                 ratio_goal(f"{s}, {ALL}: auto vs llama.cpp's speculative decoding", 1.25, auto, peer)
                 # the same, prompt to last token: llama.cpp (and sd) read the prompt into the draft before
                 # the first token, auto in its decode
@@ -224,11 +214,6 @@ def goals(rows: list[SummaryRow], modes: Iterable[str], stand_ins: Iterable[str]
 
 def _f(x: float | None, fmt: str = ".2f", none: str = "–") -> str:
     return none if x is None else format(x, fmt)
-
-
-def threads_of(result: BenchResult, setting: str) -> str:
-    s = next(x for x in result.settings if x.name == setting)
-    return f"{s.target_threads}+{s.draft_threads}"
 
 
 def auto_choices(result: BenchResult) -> dict[tuple[str, str], str]:
@@ -324,7 +309,7 @@ def markdown(result: BenchResult, brief: bool = False) -> str:
     for s, mode in seen:
         cells = []
         for c in cats:
-            x = _get(rows, s, mode, c)
+            x = row_of(rows, s, mode, c)
             cells.append("–" if x is None else f"{x.tokens_per_s:.2f} ({_f(x.speedup_vs_ar)}x)")
         lines.append(f"| {s} | {mode} | " + " | ".join(cells) + " |")
     from .report_structured import markdown as structured_tables

@@ -236,3 +236,24 @@ class BenchResult(BaseModel):
     summary: list[SummaryRow]
     goals: list[Goal]
     notes: list[str]
+
+
+# ---------------------------------------------------------------- reading a result (report.py, plot.py)
+
+ALL = "all"  # the summary's category of every prompt
+
+
+def row_of(rows: list[SummaryRow], setting: str, mode: str, category: str) -> SummaryRow | None:
+    """The summary row of (setting, mode, category), if any."""
+    return next((r for r in rows if (r.setting, r.mode, r.category) == (setting, mode, category)), None)
+
+
+def cells(rows: list[SummaryRow], setting: str, mode: str, cats: list[str], field: str) -> list[float | None]:
+    """One field of a mode's rows, per category (None: no row, or the row has no such value)."""
+    return [getattr(r, field) if (r := row_of(rows, setting, mode, c)) is not None else None for c in cats]
+
+
+def threads_of(result: BenchResult, setting: str) -> str:
+    """A setting's threads as "target+draft"."""
+    s = next(x for x in result.settings if x.name == setting)
+    return f"{s.target_threads}+{s.draft_threads}"
