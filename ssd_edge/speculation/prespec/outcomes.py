@@ -104,6 +104,22 @@ class Branch:
     done: bool = False
     shape: Any = None         # under a constraint, its grammar state (structured.shaping.Cursor) as it grows
 
+    def step(self, picked: tuple[int, Candidates] | None) -> None:
+        """One decode of `feed` done: its cell written, and the token drawn from its row with that row's
+        candidates, or None where the draft was too unsure to go on (--draft-p-min): it stops there.
+        (The candidates go in before the token: a lookup reading the branch meanwhile sees no token
+        without its candidates.)"""
+        self.pos += 1
+        self.cells += 1
+        if picked is None:
+            self.done = True
+            return
+        token, cand = picked
+        self.cands.append(cand)
+        self.tokens.append(token)
+        self.feed = token
+        self.done = len(self.tokens) >= self.depth
+
     def draft(self, n: int) -> Draft:
         """Its first n drafted tokens (at most what it has), with their candidates."""
         n = min(n, len(self.tokens))

@@ -15,7 +15,7 @@ from ...interface import DECODES, Aborted
 from ...llama.kvseq import Cancelled
 from ...metrics import Meter
 from ...sampling import head_width
-from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
+from ..drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates
 from ..policy import PolicySnapshot
 from .handoff import Base, Growing, Handoff, Ranked, Ready
 from .outcomes import Branch, LookupResult, SpeculationCache, decode_heads, outcome_of, rank_outcomes, why_missed
@@ -350,41 +350,30 @@ class PrespecWorker:
             if drafter.reads_heads:  # only the rows' heads cross (where the backend makes them: decode_heads)
                 heads = decode_heads(self.ctx, feeds, positions, seqs, range(len(live)), self._head_width)
                 toks, cands, top1 = drafter.picks(heads, [p + 1 for p in positions])
-                for i, br in enumerate(live):
-                    br.pos += 1
-                    br.cells += 1
-                    if top1 is not None and float(top1[i]) < drafter.p_min:
-                        br.done = True
-                        continue
-                    br.tokens.append(toks[i])
-                    br.cands.append(cands[i])
-                    br.feed = toks[i]
-                    br.done = len(br.tokens) >= br.depth
-                self.meter.branches.add_prepared(len(live) if top1 is None else int((top1 >= drafter.p_min).sum()))
-                self.meter.branches.set_cells(self.cache.cells())
-                self.handoff.steps.append((len(live), (time.perf_counter() - t0) * 1e3))
-                continue
-            # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
-            rows = self.ctx.decode(feeds, positions, seqs, list(range(len(live))), copy=False)
-            for br, row in zip(live, rows):
-                br.pos += 1
-                br.cells += 1
-                if br.shape is not None:
-                    br.shape.shape(row)
-                if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
-                    br.done = True
-                    continue
-                cand = top_candidates(row, drafter.cand_temperature())
-                t = drafter.pick(row, br.pos, cand)
-                br.tokens.append(t)
-                br.cands.append(cand)
-                if br.shape is not None:
-                    br.shape.push(t)
-                br.feed = t
-                self.meter.branches.add_prepared(1)
-                br.done = len(br.tokens) >= br.depth
+                picked = [None if top1 is not None and float(top1[i]) < drafter.p_min else (toks[i], cands[i])
+                          for i in range(len(live))]
+            else:  # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
+                rows = self.ctx.decode(feeds, positions, seqs, list(range(len(live))), copy=False)
+                picked = [self._pick(br, row) for br, row in zip(live, rows)]
+            for br, got in zip(live, picked):
+                br.step(got)
+            self.meter.branches.add_prepared(sum(got is not None for got in picked))
             self.meter.branches.set_cells(self.cache.cells())
             self.handoff.steps.append((len(live), (time.perf_counter() - t0) * 1e3))
+
+    def _pick(self, br: Branch, row: np.ndarray) -> tuple[int, Candidates] | None:
+        """The draft's token for `br` from its row (under the branch's constraint), with the row's
+        candidates; None where the draft is too unsure to go on (--draft-p-min)."""
+        drafter = self.drafter
+        if br.shape is not None:
+            br.shape.shape(row)
+        if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
+            return None
+        cand = top_candidates(row, drafter.cand_temperature())
+        t = drafter.pick(row, br.pos + 1, cand)
+        if br.shape is not None:
+            br.shape.push(t)
+        return t, cand
 
     def _finish(self) -> None:
         """Drop branches and move the main sequence back to 0 for the next generation."""
