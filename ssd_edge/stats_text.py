@@ -91,8 +91,9 @@ def stats_table(stats: Stats) -> Table:
         ("latency p50 / p95", f"{_num(stats.latency_ms_p50, '.0f')} / {_num(stats.latency_ms_p95, '.0f')} ms"),
         ("host per position", f"{_num(stats.host_ms_per_position, '.3f')} ms (outside decodes, "
                               f"{stats.positions} positions)"),
-        *([("... by the worker beside", "  ".join(f"{w} {1e3 * s / n:.3f}" for w, (s, n) in stats.host_by_worker.items()
-                                                  if n))] if set(stats.host_by_worker) - {"alone"} else []),
+        *([("host per position, by worker", " · ".join(f"{w} {1e3 * s / n:.3f} ms" for w, (s, n)
+                                                        in stats.host_by_worker.items() if n))]
+          if set(stats.host_by_worker) - {"alone"} else []),  # (beside the verify: nothing, a branch, a tree)
         ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
         ("acceptance", _num(stats.acceptance_rate)),
         ("mean accepted length", _num(stats.mean_accepted_len)),

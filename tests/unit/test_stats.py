@@ -223,7 +223,7 @@ def test_host_time_splits_by_what_the_worker_did_beside_each_round():
     console = Console(width=200, record=True)
     console.print(stats_table(stats))
     text = console.export_text()
-    assert "by the worker beside" in text and "tree " in text
+    assert "host per position, by worker" in text and "tree " in text
 
 
 def test_devices_are_in_the_stats_the_line_the_table_and_the_metrics():
