@@ -40,7 +40,7 @@ def plot_png(result: BenchResult, path: Path) -> Path:
         ax = axes[1][j]
         # a mode whose worker never prepared a round (auto with both models on every core) has no hit rate
         hits = {m: cells(rows, s, m, cats, "hit_rate") for m in ("ssd", "auto") if m in modes}
-        hit_modes = [m for m, cells in hits.items() if any(v is not None for v in cells)]
+        hit_modes = [m for m, got in hits.items() if any(v is not None for v in got)]
         width = 0.8 / max(len(hit_modes) + 1, 1)
         for i, mode in enumerate(hit_modes):
             vals = [v or 0.0 for v in hits[mode]]

@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from ..metrics import WORKER_BESIDE
-from .schema import ALL, CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow, cells, row_of, threads_of
+from .schema import ALL, CATEGORIES, BenchResult, Goal, PeerRecord, RunRecord, SummaryRow, row_of, threads_of
 
 FIXED = ("sd", "lookup", "ssd")
 STRUCTURED = "structured"  # every structured prompt (response_format or tools), whatever its category
