@@ -404,3 +404,51 @@ def test_decode_heads_waits_its_price_and_the_rows_heads():
     assert (heads.ids == want.ids).all() and (heads.logits == want.logits).all()
     assert took >= ctx.model.price_s(3) + (HEAD_DECODE_MS + 3 * HEAD_ROW_MS) / 1e3
     assert [ctx.seq_pos_max(s) for s in (1, 2, 3)] == [20, 20, 20]
+
+
+class _RowsOnly:
+    """A priced context seen without its decode_heads: each draft step reads the whole row."""
+
+    def __init__(self, ctx: PricedContext) -> None:
+        self._ctx = ctx
+
+    def __getattr__(self, name: str):
+        if name == "decode_heads":
+            raise AttributeError(name)
+        return getattr(self._ctx, name)
+
+
+@pytest.mark.parametrize("sampling, p_min", [(dict(temperature=0.0), 0.0), (dict(temperature=1.0, top_k=40), 0.0),
+                                             (dict(temperature=0.7, top_k=20, top_p=0.9), 0.3)])
+def test_a_chain_drafted_from_heads_is_the_chain_drafted_from_rows(sampling, p_min):
+    """Where the backend makes heads itself (the priced pair, as a GPU's top-k would), each draft step
+    after the first read hands over its row's head (KVSeq.step_heads): the same tokens, candidates and
+    stopping points (--draft-p-min, the planner's go_on) as a draft reading whole rows; the chain's
+    sampled draws are the whole row's (top-k below the head's width)."""
+    from ssd_edge.config import SamplingConfig
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation.drafters import ModelDrafter
+
+    s = SamplingConfig(**sampling)
+    asked: list[float] = []
+
+    def go_on(j: int, p_top: float) -> tuple[bool, bool]:
+        asked.append(round(p_top, 9))
+        return p_top > 0.05, j < 6
+
+    drafts, heads_read = [], []
+    for rows_only in (False, True):
+        _, ctx = pair(agreement=0.8, n_seq_max=2)
+        calls = []
+        own = ctx.decode_heads
+        ctx.decode_heads = lambda *a, **kw: calls.append(1) or own(*a, **kw)
+        drafter = ModelDrafter(KVSeq(_RowsOnly(ctx) if rows_only else ctx), s, 7, p_min=p_min, candidates=True)
+        assert drafter.steps_heads is not rows_only
+        asked.clear()
+        got = [drafter.propose(words(30, seed=n), 8, go_on=go_on) for n in range(6)]
+        drafts.append(([d.tokens for d in got], [[(c.ids.tolist(), c.probs.round(9).tolist()) for c in d.cands]
+                                                  for d in got], list(asked)))
+        heads_read.append(len(calls))
+    assert drafts[0] == drafts[1]
+    assert heads_read[0] > 0 and heads_read[1] == 0
+    assert sum(len(t) for t in drafts[0][0]) > 12  # the chains went several steps
