@@ -26,7 +26,6 @@ from ..interface import BackendContext
 
 if TYPE_CHECKING:
     from ..coupling import Drawer
-    from ..sampling import Heads
 
 
 class Cancelled(Exception):
@@ -81,13 +80,6 @@ class KVSeq:
         row = self.ctx.decode([token], [len(self._tokens)], [self.seq], [0], copy=False)[0]
         self._tokens.append(token)
         return row
-
-    def step_heads(self, token: int, width: int) -> Heads:
-        """step(), handing back the row's head (sampling.Heads, one row) where the context makes heads
-        itself (decode_heads: the priced pair; a GPU's top-k on the device): no row reaches the host."""
-        heads = self.ctx.decode_heads([token], [len(self._tokens)], [self.seq], [0], width)
-        self._tokens.append(token)
-        return heads
 
     def adopt(self, seq: int, tokens: Sequence[int]) -> int:
         """Become sequence `seq`, whose cells already hold `tokens` (decoded elsewhere: a pre-speculation

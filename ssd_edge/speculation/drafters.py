@@ -18,7 +18,7 @@ from ..coupling import Drawer, argmax, gumbel_draw, head_draws
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
-from ..sampling import Heads, Support, head_probs, head_width, reshape_saguaro, support
+from ..sampling import Heads, Support, head_probs, reshape_saguaro, support
 
 
 @dataclass(frozen=True)
@@ -193,13 +193,6 @@ class ModelDrafter:
         return argmax(logits) if q is None else gumbel_draw(*q, self.seed, position)
 
     @property
-    def steps_heads(self) -> bool:
-        """Whether a draft step's row may come as its head from the context itself (KVSeq.step_heads):
-        where rows may be heads (reads_heads) and the backend makes them where it makes rows (the priced
-        pair; on the CPU build a row's head is one C pass over it, no cheaper than the row's own reads)."""
-        return self.reads_heads and hasattr(self.ctx, "decode_heads")
-
-    @property
     def reads_heads(self) -> bool:
         """Whether a branch's rows may come as heads alone (picks()): nothing reshapes its rows (a
         constraint, SAGUARO's q), which would need the whole row."""
@@ -255,8 +248,6 @@ class ModelDrafter:
         steps, base, first = 0, len(full), len(toks)
         temperature = self.cand_temperature()
         shape = self.shape
-        width = head_width(self.sampling) if self.steps_heads else 0  # draft steps read heads, not rows
-        head = None  # the head of the row the next token is drawn from, where a step made one (else `row`)
         while len(toks) < k:
             if shape is not None:
                 forced = shape.forced(history, toks)[:k - len(toks)]
@@ -272,16 +263,10 @@ class ModelDrafter:
                     row = self.kv.feed(list(history) + toks, 1, cancelled)[0]
                     steps += 1
                 shape(row, history, toks)
-            j = len(toks) - first  # this token's index among the ones drawn in this call
-            drawn = None
-            if head is not None:  # drawn now (what is verified is still decided before: go_on sees no token)
-                (drawn,), (cand,), top1s = self.picks(head, [base + j])
-                top1 = float(top1s[0]) if top1s is not None else None
-            else:
-                top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
-                cand = top_candidates(row, temperature) if self.candidates else None
+            top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
             if top1 is not None and top1 < self.p_min:
                 break
+            cand = top_candidates(row, temperature) if self.candidates else None
             more = True
             if go_on is not None:
                 if cand is not None:
@@ -293,24 +278,22 @@ class ModelDrafter:
                 take, more = go_on(len(toks), p_top)
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
-            t = drawn if drawn is not None else self.pick(row, base + j, cand)
+            j = len(toks) - first  # this token's index among the ones drawn in this call
+            t = self.pick(row, base + j, cand)
             toks.append(t)
-            if self.candidates:
+            if cand is not None:
                 cands.append(cand)
             if len(toks) == k:
                 break
             if j < len(guess) and t == guess[j]:
-                row, head = rows[j + 1], None  # the guess held: the next row was read with it
+                row = rows[j + 1]  # the guess held: the next row was read with it
                 continue
             if not more:
                 break
             if guess:
                 self.kv.truncate(base + j)  # the guess parted from the draft here: its rows go
                 guess = []
-            if width:
-                head = self.kv.step_heads(t, width)
-            else:
-                row = self.kv.step(t)
+            row = self.kv.step(t)
             steps += 1
         self.timing = (read, (t1 - t0) * 1e3, steps, (time.perf_counter() - t1) * 1e3)
         return Draft(tuple(toks), speculator, tuple(cands) if self.candidates else None)
