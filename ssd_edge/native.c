@@ -912,10 +912,7 @@ static PyObject *copy_rows(PyObject *self, PyObject *args) {
 /* The priced pair's language (bench/priced/backend.py choices(), the reference the tests hold this to):
  * splitmix64 hashes of a context, in the same arithmetic as its Python. */
 static uint64_t mix_g(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ULL;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-    return x ^ (x >> 31);
+    return mix64(x + 0x9E3779B97F4A7C15ULL);  /* splitmix64: the golden step, then coupling's finaliser */
 }
 
 /* x < fraction * 2**64, exactly as Python compares an int with a float */
