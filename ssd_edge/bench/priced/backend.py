@@ -21,7 +21,8 @@ A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it,
 gives wrong rows) and waits out the batch's price with the GIL released (PricedContext._wait: spinning,
 as a CUDA host thread does, until the abort signal's byte is set; a sleep where ssd_edge/native.c is not
 built), building the wanted rows (or only their heads: decode_heads) at the end of it: its wall time is
-the price, or the time the rows took where that is longer. The measured time goes on interface.DECODES, as llama_decode's time does.
+the price, or the time the rows took where that is longer. The measured time goes on interface.DECODES,
+as llama_decode's time does.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 
@@ -48,7 +49,6 @@ try:  # the busy wait and the rows' copies (ssd_edge/native.c); without them, de
     from ...native import copy_rows, priced_choices, spin
 except ImportError:  # pragma: no cover - a build without the extension
     copy_rows = priced_choices = spin = None
-
 
 
 class SpinFlag:
@@ -74,6 +74,7 @@ class SpinFlag:
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
+
 
 MAKING_MARGIN_S = 20e-6  # (see PricedContext._decode)
 C_CHOICES_FROM = 3  # rows from which a decode's picks are made in C (below, the Python is faster than the arrays)
@@ -321,25 +322,28 @@ class PricedContext(CellCache):
         cells = self.store(tokens, positions, seqs)
         # The rows are the device's work, made at the end of the wait (begun twice as long before its end
         # as they took lately, and a margin; at once where that is the whole price: late, they would
-        # lengthen the decode): until then this thread
-        # leaves the interpreter to the others, as a host thread waiting for its GPU does (made first, the
-        # target's rows kept SSD's worker from starting its branches for half a millisecond of each verify)
+        # lengthen the decode): until then this thread leaves the interpreter to the others, as a host
+        # thread waiting for its GPU does (made first, the target's rows kept SSD's worker from starting
+        # its branches for half a millisecond of each verify)
         if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price)):
-            self.unstore(cells)
-            DECODES.add(time.perf_counter() - t0, 0)
-            raise Aborted()
+            self._aborted(t0, cells)
         t_make = time.perf_counter()
         out = make(self._choices([seq_ids(seqs[i])[0] for i in logits_for], [positions[i] for i in logits_for]),
                    n > 1)
         self._making = 0.5 * self._making + 0.5 * (time.perf_counter() - t_make)
         if not self._wait(t0 + price):
-            self.unstore(cells)  # as llama.cpp does: an aborted batch leaves the cache as it was
-            DECODES.add(time.perf_counter() - t0, 0)
-            raise Aborted()
+            self._aborted(t0, cells)
         took = time.perf_counter() - t0
         self._late = min(max(self._late + 0.2 * (took - price), 0.0), price / 2)
         DECODES.add(took, len(logits_for))  # as measured, as the llama backend adds it
         return out
+
+    def _aborted(self, t0: float, cells: list[int]) -> NoReturn:
+        """An aborted decode (begun at t0): as llama.cpp does, the cache is left as it was (its cells
+        unstored); the time it took goes on the decode clock, with no row."""
+        self.unstore(cells)
+        DECODES.add(time.perf_counter() - t0, 0)
+        raise Aborted()
 
     def _choices(self, seqs: list[int], positions: list[int]) -> list:
         """choices() after each (sequence, position): in C where the extension is built (the same picks)."""

@@ -74,9 +74,10 @@ class PriceTable:
 
 # What handing over the rows' heads costs the device on top of their decode (llama.cpp's backend sampling:
 # a top-k in the decode's own graph, only the candidates copied back), ms: an estimate, not a measurement
-# (scripts/gpu_tree.py measures it where a GPU is lent). One kernel a decode, a block a row, the rows side
-# by side on their own SMs: a block reads its row's 152k float32 logits (608 KB) at ~100 GB/s, 6 us, and
-# reduces them; then each row's candidates (41 ids and logits, 0.5 KB) cross to the host.
+# (no GPU has measured it yet; scripts/backend_sampling.py times backend sampling on a CPU build). One
+# kernel a decode, a block a row, the rows side by side on their own SMs: a block reads its row's 152k
+# float32 logits (608 KB) at ~100 GB/s, 6 us, and reduces them; then each row's candidates (41 ids and
+# logits, 0.5 KB) cross to the host.
 HEAD_DECODE_MS = 0.012
 HEAD_ROW_MS = 0.001
 
