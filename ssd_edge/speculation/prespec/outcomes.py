@@ -3,7 +3,8 @@
 An outcome (a, b) is a round's verification result: a draft tokens accepted, then the target's token
 b. rank_outcomes picks the likeliest within the fan-out and the cell budget; the SpeculationCache
 holds a Branch for each one the worker grows; why_missed and outcome_of read a finished round
-against them; decode_heads is a branch step's decode, its rows handed over as heads. All of it is plain data: the worker thread (worker.py) is what fills it.
+against them; decode_heads is a branch step's decode, its rows handed over as heads. All of it is
+plain data: the worker thread (worker.py) is what fills it.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ...interface import DECODES, Aborted
 from ...llama.kvseq import Cancelled
 from ...metrics import Meter
 from ...sampling import head_width
-from ..drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates
+from ..drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates, top_probability
 from ..policy import PolicySnapshot
 from .handoff import Base, Growing, Handoff, Ranked, Ready
 from .outcomes import Branch, LookupResult, SpeculationCache, decode_heads, outcome_of, rank_outcomes, why_missed
@@ -367,7 +367,7 @@ class PrespecWorker:
         drafter = self.drafter
         if br.shape is not None:
             br.shape.shape(row)
-        if drafter.p_min > 0 and float(top_candidates(row, 1.0, 1).probs[0]) < drafter.p_min:
+        if drafter.p_min > 0 and top_probability(row) < drafter.p_min:
             return None
         cand = top_candidates(row, drafter.cand_temperature())
         t = drafter.pick(row, br.pos + 1, cand)
