@@ -36,6 +36,7 @@ from .metrics import Ema, Meter
 from .pair import Pair
 from .planning import rounds as planned
 from .sampling import native_path
+from .stops import StopRule
 from .structured.constraint import Constraint, compile as compile_constraint
 from .structured.calls import Tools
 from .structured.rows import TOP_LOGPROBS_MAX
@@ -81,7 +82,6 @@ class Engine(Pair):
 
     def _attach(self, config: EngineConfig, target: Any, target_ctx: Any) -> None:
         super()._attach(config, target, target_ctx)
-        self._lock = threading.Lock()
         self.profile = None  # this device's calibration profile (planning/profile.py); loaded on first use
         self._profile_looked_up = False
         self._step_ms: dict[int, Ema] = {}  # target threads -> ms of a plain target step, over generations
@@ -155,7 +155,7 @@ class Engine(Pair):
 
     def generate(self, prompt: str | None = None, *, messages: Sequence[dict[str, str]] | None = None,
                  tokens: Sequence[int] | None = None, max_tokens: int = 256, mode: str | None = None,
-                 stop: Sequence[str] = (), cancel: threading.Event | None = None,
+                 stop: Sequence[str | StopRule] = (), cancel: threading.Event | None = None,
                  sampling: SamplingConfig | None = None, constraint: Constraint | None = None,
                  logprobs: int | None = None) -> Iterator[Event]:
         """Yield a TokenEvent per round as tokens are committed, then one FinishEvent.
@@ -213,7 +213,7 @@ class Engine(Pair):
 
         return self._trees.setdefault(mode, TreeChoice())
 
-    def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str], cancel: threading.Event,
+    def _run(self, prompt: list[int], max_tokens: int, mode: str, stop: Sequence[str | StopRule], cancel: threading.Event,
              s: SamplingConfig, draft_load_s: float | None = None, shaping: Shaping | None = None,
              logprobs: int | None = None) -> Iterator[Event]:
         """One generation; draft_load_s: the draft model was loaded for it first, in that many seconds."""

@@ -269,6 +269,16 @@ class Stats:
 
 
 @dataclass(frozen=True)
+class Prefilled:
+    """A prompt read into the target's cache with nothing generated (Pair.prefill: an editor's warm-up)."""
+
+    prompt_tokens: int
+    cached: int            # of them the cache held already (kept, not read again)
+    prompt_s: float        # seconds reading the rest
+    cancelled: bool = False  # stopped between batches: the cache holds the batches read so far
+
+
+@dataclass(frozen=True)
 class FinishEvent:
     text: str                       # the whole answer
     tokens: tuple[int, ...]
@@ -277,3 +287,4 @@ class FinishEvent:
     message: str | None = None      # why, in words, when it is not an ordinary stop
     tail: str = ""                  # text not yet sent in a TokenEvent (a held-back stop-string prefix)
     logprobs: tuple[TokenLogprob, ...] | None = None  # the whole answer's, where the generation asked for them
+    stop_word: str | None = None    # the stop string that ended it (stop_reason "stop"; None: a stop rule did)

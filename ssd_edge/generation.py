@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import threading
+import time
 from typing import NamedTuple, Sequence
 
 from .config import SamplingConfig
@@ -19,6 +20,7 @@ from .coupling import Drawer
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent, TokenLogprob
 from .interface import BackendModel
 from .metrics import Ema, Meter
+from .stops import StopRule
 from .structured.rows import AnswerRows
 from .structured.shaping import Shaping
 
@@ -40,21 +42,34 @@ class TextStream:
 
 class StopText:
     """The answer's text as tokens commit: push() each token, take() what may be shown now,
-    finish() the rest at the end. Cut at the earliest stop string (one may end inside another)."""
+    finish() the rest at the end. Cut at the earliest stop string (one may end inside another; `word`
+    says which), else where a stop rule says (stops.py: the strings and rules of generate()'s `stop`)."""
 
-    def __init__(self, model: BackendModel, stop: Sequence[str]) -> None:
+    def __init__(self, model: BackendModel, stop: Sequence[str | StopRule]) -> None:
         self.stream = TextStream(model)
-        self.stop = [s for s in stop if s]
+        self.stop = [s for s in stop if isinstance(s, str) and s]
+        self.rules = [s for s in stop if not isinstance(s, str)]
         self.text = ""
         self.sent = 0
         self.stopped = False
+        self.word: str | None = None  # the stop string that ended the answer
+        self.t_first: float | None = None  # when the first token was pushed (the rules' clock)
 
     def push(self, token: int) -> None:
         self.text += self.stream.push(token)
-        hits = [i for s in self.stop if (i := self.text.find(s, max(0, self.sent - len(s)))) >= 0]
+        hits = [(i, s) for s in self.stop if (i := self.text.find(s, max(0, self.sent - len(s)))) >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
+            i, self.word = min(hits, key=lambda h: h[0])
+            self.text = self.text[:i]
             self.stopped = True
+        elif self.rules:
+            now = time.perf_counter()
+            self.t_first = self.t_first or now
+            for rule in self.rules:
+                if (cut := rule.cut(self.text, now - self.t_first)) is not None:
+                    self.text = self.text[:max(cut, self.sent)]  # (what was shown stays: a rule cuts ahead of it)
+                    self.stopped = True
+                    return
 
     def take(self) -> str:
         hold = 0
@@ -87,7 +102,7 @@ class Generation:
     out: the answer's tokens (history's tail, less what a stop cut). Engine-thread state only."""
 
     def __init__(self, target: BackendModel, prompt: Sequence[int], max_tokens: int, n_ctx: int,
-                 stop: Sequence[str], cancel: threading.Event, sampling: SamplingConfig, seed: int, meter: Meter,
+                 stop: Sequence[str | StopRule], cancel: threading.Event, sampling: SamplingConfig, seed: int, meter: Meter,
                  step_ms: Ema, shaping: Shaping | None = None, logprobs: int | None = None) -> None:
         self.is_eog = target.is_eog
         self.n_prompt = len(prompt)
@@ -170,4 +185,4 @@ class Generation:
     def finish(self, stats: Stats) -> FinishEvent:
         tail = self.text.finish()
         return FinishEvent(self.text.text, tuple(self.out), self.reason or "length", stats, self.message, tail,
-                           tuple(self.logprobs) if self.logprobs is not None else None)
+                           tuple(self.logprobs) if self.logprobs is not None else None, self.text.word)

@@ -41,6 +41,19 @@ class ModelInfo:
 
 
 
+@dataclass(frozen=True)
+class FimTokens:
+    """A vocabulary's fill-in-the-middle tokens (llama.cpp's llama_vocab_fim_*): prefix, suffix and middle
+    always; the pad, repository-name and file-separator tokens where the vocabulary has them (None if not)."""
+
+    pre: int
+    suf: int
+    mid: int
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+
+
 class DecodeClock:
     """Time spent inside decode calls (llama_decode, or a priced backend's wait) and the logit rows they
     returned, per thread: a backend adds each decode to the thread that made it, and the engine reads
@@ -94,6 +107,9 @@ class BackendModel(Protocol):
         """The bytes of one token (special tokens render as empty)."""
 
     def is_eog(self, token: int) -> bool: ...
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The fill-in-the-middle tokens, None where the vocabulary lacks prefix, suffix or middle."""
 
     def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str: ...
 

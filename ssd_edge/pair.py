@@ -14,15 +14,17 @@ on the thread that owns the engine, except the read-only facts fixed at load (mo
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
 from .config import EngineConfig
-from .errors import ConfigError
+from .errors import ConfigError, ContextFullError
+from .events import Prefilled
 from .interface import ModelInfo
 from .llama.backend import Context, Model, check_gguf_file, check_same_vocab
-from .llama.kvseq import KVSeq
+from .llama.kvseq import Cancelled, KVSeq, common_prefix
 from .llama.timing import DecodeTimer
 from .memory import BudgetPlan, MemoryUse, ModelCost, fit_budget, measure as measure_memory, rss_bytes
 from .models.catalog import resolve_model
@@ -147,6 +149,7 @@ class Pair:
         return self
 
     def _attach(self, config: EngineConfig, target: Any, target_ctx: Any) -> None:
+        self._lock = threading.Lock()  # held by the one generation (or prefill) running on the pair
         self.config = config
         self.target, self.target_ctx = target, target_ctx
         self.target_kv = KVSeq(target_ctx)
@@ -264,6 +267,32 @@ class Pair:
     def piece(self, token: int) -> bytes:
         """The bytes of one token of the target's vocabulary (special tokens: empty)."""
         return self.target.piece(token)
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of the prompt `tokens` the target's cache holds now and a generation keeps (all but the
+        last at most: its row is read again). Between generations."""
+        return min(common_prefix(list(self.target_kv.tokens), list(tokens)), max(len(tokens) - 1, 0))
+
+    def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> Prefilled:
+        """Read the prompt `tokens` into the target's cache and generate nothing (an editor's warm-up): the
+        cached prefix is kept, the rest decoded a batch at a time, `cancel` checked between batches. The
+        next generation whose prompt starts with these tokens reads only what follows them."""
+        if not tokens:
+            raise ConfigError("the prompt is empty")
+        if len(tokens) >= self.config.n_ctx:
+            raise ContextFullError(f"the prompt has {len(tokens)} tokens and does not fit in the context of "
+                                   f"{self.config.n_ctx} (raise -c/--ctx-size)")
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this engine is already generating; one generation at a time")
+        try:
+            cached, t0 = self.cached_prefix(tokens), time.perf_counter()
+            try:
+                self.target_kv.feed(list(tokens), 1, cancel.is_set if cancel is not None else None)
+            except Cancelled:
+                return Prefilled(len(tokens), cached, time.perf_counter() - t0, cancelled=True)
+            return Prefilled(len(tokens), cached, time.perf_counter() - t0)
+        finally:
+            self._lock.release()
 
     def reset(self) -> None:
         """Forget what the KV caches hold: the next generation reads its prompt from scratch."""

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ssd_edge.errors import DecodeError
-from ssd_edge.interface import Aborted
+from ssd_edge.interface import Aborted, FimTokens
 from ssd_edge.bench.priced.cells import CellCache, seq_ids
 
 V = 32
@@ -56,14 +56,22 @@ def lm_logits(tokens: Sequence[int], disagree_every: int = 0) -> np.ndarray:
 # grammar (structured output) can hold the fake model's answers; token t > 0 is ALPHABET[t - 1]
 ALPHABET = '{}[]":, abcdefghij0123456789-.\n'
 assert len(ALPHABET) == V - 1
+# FakeModel(fim=True)'s fill-in-the-middle tokens: ids the fake tokenizer also makes from text (a vocabulary of
+# 32 has no room to spare), so a test tells the layout's special tokens by position, not by id
+FIM = FimTokens(pre=28, suf=29, mid=30, pad=31, rep=26, sep=27)
 
 
 class FakeModel:
-    def __init__(self, name: str = "fake", disagree_every: int = 0, alphabet: str | None = None) -> None:
+    def __init__(self, name: str = "fake", disagree_every: int = 0, alphabet: str | None = None,
+                 fim: bool = False) -> None:
         self.path = Path(f"/fake/{name}.gguf")
         self.n_vocab = V
         self.disagree_every = disagree_every
         self.alphabet = alphabet
+        self.fim = FIM if fim else None
+
+    def fim_tokens(self) -> FimTokens | None:
+        return self.fim
 
     def is_eog(self, token: int) -> bool:
         return token == EOS

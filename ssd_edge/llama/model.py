@@ -17,7 +17,7 @@ import numpy as np
 
 from ..config import parse_endpoints
 from ..errors import CorruptModelError, ModelNotFoundError, NotGGUFError, VocabMismatchError
-from ..interface import ModelInfo
+from ..interface import FimTokens, ModelInfo
 from ..memory import parse_buffers
 from .library import capture_log, gpu_offload_supported, init, ll, signals_held
 from .rpc import probe
@@ -154,6 +154,16 @@ class Model:
         if eog is None:  # asked once per token: a C call costs more than the lookup, every round
             eog = self._eog[token] = bool(ll.llama_vocab_is_eog(self.vocab, token))
         return eog
+
+    def fim_tokens(self) -> FimTokens | None:
+        """The GGUF's fill-in-the-middle tokens (llama_vocab_fim_pre/suf/mid/pad/rep/sep), None where the
+        vocabulary lacks the prefix, suffix or middle one."""
+        ids = [int(f(self.vocab)) for f in (ll.llama_vocab_fim_pre, ll.llama_vocab_fim_suf, ll.llama_vocab_fim_mid,
+                                              ll.llama_vocab_fim_pad, ll.llama_vocab_fim_rep, ll.llama_vocab_fim_sep)]
+        found = [t if 0 <= t < self.n_vocab else None for t in ids]  # LLAMA_TOKEN_NULL is -1
+        if None in found[:3]:
+            return None
+        return FimTokens(*found)
 
     # ------------------------------------------------------------ chat
     def chat_template(self) -> str | None:

@@ -32,11 +32,12 @@ NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "fac
 # layer or below, never one above.
 LAYERS = {
     **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "memory", "interface", "paths",
-                                          "progress", "sampling", "coupling", "verify", "stats_text")},
+                                          "progress", "sampling", "coupling", "verify", "stats_text", "stops")},
     "ssd_edge/native.c": LEAF,           # compiled: a row's top-k, the priced backend's busy wait
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/options.py": LEAF,          # the flags' table that cli and server share
     "ssd_edge/settings.py": ADAPTER,      # the flags' layers and their EngineConfig; reads the catalog
+    "ssd_edge/infill.py": ADAPTER,        # fill-in-the-middle prompts in a model's own FIM tokens
     "ssd_edge/speculation/": SPECULATION,
     "ssd_edge/structured/": SPECULATION,  # constraints, their tokenizer, a row's shaping, tool calls (llguidance)
     "ssd_edge/planning/": PLANNING,       # costs, planner, rounds, profile: what each round does

@@ -261,6 +261,10 @@ class PricedModel:
     def is_eog(self, token: int) -> bool:
         return token in EOG
 
+    def fim_tokens(self) -> None:
+        """A priced pair has no fill-in-the-middle tokens."""
+        return None
+
     def render_chat(self, messages: Sequence[dict[str, str]], add_assistant: bool = True) -> str:
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_assistant else "")
