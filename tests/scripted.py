@@ -114,6 +114,10 @@ class ScriptedEngine:
         n = sum(len(m["content"].split()) + 4 for m in messages) if messages is not None else len(prompt.split())
         return list(range(n))
 
+    def cached_prefix(self, tokens: Any) -> int:
+        """Like Pair.cached_prefix: a scripted engine keeps no cache."""
+        return 0
+
     def generate(self, prompt: str | None = None, *, messages: Any = None, tokens: Any = None,
                  max_tokens: int = 256, cancel: threading.Event | None = None, **_: Any):
         n_ctx = self.config.n_ctx

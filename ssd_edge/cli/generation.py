@@ -21,12 +21,13 @@ from .. import settings
 from ..config import EngineConfig
 from ..errors import ConfigError, SSDEdgeError
 from ..events import FinishEvent, TokenEvent
+from ..infill import layout
 from ..structured import Constraint
 from ..stats_text import stats_line
 from . import loader, sources
 from .app import ENGINE_OPTIONS, EPILOG, app, with_options
 from .structured import (GrammarFlag, JsonObjectFlag, JsonSchemaFlag, LogprobsFlag, RegexFlag, StrictFlag,
-                         check_logprobs, constraint_from, logprobs_json)
+                         check_logprobs, constraint_from, logprobs_json, read_text)
 from .reporting import EXIT_CONTEXT_FULL, reported, stderr
 from .signals import EXIT_INTERRUPTED, CancelOnSignal
 
@@ -56,6 +57,11 @@ def read_prompt(prompt: str | None) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
+def read_suffix(arg: str) -> str:
+    """--suffix's argument: the text itself, or the file it names after '@' (read as it is)."""
+    return read_text(arg[1:], "--suffix") if arg.startswith("@") else arg
+
+
 @app.command(epilog=EPILOG)
 @with_options(ENGINE_OPTIONS)
 def generate(
@@ -68,6 +74,10 @@ def generate(
     json_out: Annotated[bool, typer.Option("--json", help="print one JSON object (text, token ids, stop_reason, "
                                            "stats) instead of streaming")] = False,
     quiet: Annotated[bool, typer.Option("-q", "--quiet", help="no stats line on stderr")] = False,
+    suffix: Annotated[Optional[str], typer.Option(
+        "--suffix", metavar="TEXT|@FILE", show_default=False,
+        help="fill in the middle: the text after the cursor (@FILE: read from FILE), the prompt the text "
+             "before it, both laid out in the model's own fill-in-the-middle tokens")] = None,
     json_schema: JsonSchemaFlag = None, json_object: JsonObjectFlag = False, regex: RegexFlag = None,
     grammar: GrammarFlag = None, strict: StrictFlag = False, logprobs: LogprobsFlag = None,
     *, flags: dict[str, Any],
@@ -82,11 +92,18 @@ def generate(
         max_tokens = s.max_tokens(256, cfg.n_ctx)
         messages = None
         if chat or system is not None:
+            if suffix is not None:
+                raise ConfigError("--suffix fills in the middle of plain text, not of a chat (--chat, --system)")
             messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        after = read_suffix(suffix) if suffix is not None else None
         engine = loader.load_engine(cfg, s)
         try:
+            tokens = None
+            if after is not None:  # ConfigError (exit 2) where the model has no FIM tokens
+                tokens = list(layout(engine.target, text, after, n_batch=cfg.n_batch, n_ctx=cfg.n_ctx,
+                                     n_predict=max_tokens).tokens)
             code = write_completion(engine, cfg, text, messages, max_tokens, s["stop"] or [], json_out, quiet,
-                                    constraint, logprobs)
+                                    constraint, logprobs, tokens)
         finally:
             engine.close()
     raise typer.Exit(code)
@@ -94,10 +111,11 @@ def generate(
 
 def write_completion(engine: Any, cfg: EngineConfig, text: str, messages: list[dict[str, str]] | None, max_tokens: int,
                      stop: list[str], json_out: bool, quiet: bool, constraint: Constraint | None = None,
-                     logprobs: int | None = None) -> int:
+                     logprobs: int | None = None, tokens: list[int] | None = None) -> int:
+    """tokens: the prompt already tokenized (a fill-in-the-middle layout), else `text` or `messages` are."""
     err = stderr()
     out = sys.stdout
-    tokens = engine.prompt_tokens(None if messages else text, messages)
+    tokens = tokens if tokens is not None else engine.prompt_tokens(None if messages else text, messages)
     cancel = threading.Event()
     finish: FinishEvent | None = None
     state: str | None = None

@@ -1,7 +1,8 @@
 """The HTTP face: an OpenAI-compatible API on a Starlette app.
 
     POST /v1/chat/completions   chat (messages), streamed as server-sent events with "stream": true
-    POST /v1/completions        plain prompt completion (what editors use for code)
+    POST /v1/completions        plain prompt completion; with `suffix`, fill in the middle (editors.py)
+    POST /infill, /completion   llama-server's own endpoints, for editors (editors.py, llama_protocol.py)
     GET  /v1/models             the one served model
     GET  /health                liveness and the queue (no API key needed)
     GET  /metrics               Prometheus text format (monitor.py)
@@ -16,7 +17,6 @@ malformed request is always a 4xx, and the server keeps serving.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 from dataclasses import replace
@@ -37,8 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from ..config import SamplingConfig, SpecConfig
 from ..settings import reason
 from ..structured.constraint import ConstraintError
+from .editors import Editors, fim_prompt
 from .monitor import CONTENT_TYPE, Monitor
-from .protocol import APIError, ChatRequest, CompletionRequest, bad_request, short, parse
+from .protocol import APIError, ChatRequest, CompletionRequest, bad_request, parse, read_json, short
 from .relay import CLIENT_GONE, Relay
 from .reply import Reply
 from .scheduler import Scheduler, Work
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 4 << 20   # bytes; a 128k-token prompt is ~0.5 MB of JSON
 PUBLIC = {"/health"}  # paths that need no API key
-ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+ENDPOINTS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics", "/infill", "/completion"}
 
 
 def error_response(e: APIError) -> JSONResponse:
@@ -178,28 +179,34 @@ class API:
 
     # ------------------------------------------------------------ completions
     async def chat(self, request: Request) -> Response:
-        req: ChatRequest = parse(ChatRequest, await _json(request))
-        top = self._check(req)
+        req: ChatRequest = parse(ChatRequest, await read_json(request))
+        top = self.check(req)
         messages = req.chat()
-        shape = self._shape(req, self.engine.chat_template() if req.tools else None)
+        shape = self.shape(req, self.engine.chat_template() if req.tools else None)
         if shape.constraint is not None or shape.choice is not None:  # tools: each one's schema, even unused
-            await self._compile(shape)
+            await self.compile(shape)
         try:  # the model's template with the tools, else llama.cpp's renderer (structured/request.py)
             tokens = await run_in_threadpool(prompt_tokens, self.engine, messages, shape)
         except ConstraintError as e:  # the template cannot render these messages
             raise bad_request(str(e), e.field) from None
-        works = self._works(req, tokens, "messages", shape, top)
+        works = self.works(req, tokens, "messages", shape, top)
         return await self._respond(request, req, works, Reply("chat", self.model_id, len(tokens), self.engine.piece,
                                                              top), shape)
 
     async def completions(self, request: Request) -> Response:
-        req: CompletionRequest = parse(CompletionRequest, await _json(request))
-        top = self._check(req)
+        req: CompletionRequest = parse(CompletionRequest, await read_json(request))
+        top = self.check(req)
         prompt = req.prompt_text_or_ids()
-        shape = self._shape(req, None)
+        shape = self.shape(req, None)
         if shape.constraint is not None:
-            await self._compile(shape)
-        if isinstance(prompt, str):
+            await self.compile(shape)
+        if req.suffix is not None:  # fill in the middle, in the model's FIM tokens (OpenAI's and ollama's field)
+            if not isinstance(prompt, str):
+                raise bad_request("suffix: fills in the middle after a string prompt, not token ids", "suffix")
+            laid = await run_in_threadpool(fim_prompt, self.engine, prompt, req.suffix, n_predict=req.limit() or 0,
+                                           param="suffix")
+            tokens = list(laid.tokens)
+        elif isinstance(prompt, str):
             # special tokens parsed, as llama-server does: an editor's fill-in-the-middle prompt is made of them
             tokens = await run_in_threadpool(self.engine.tokenize, prompt, parse_special=True)
         else:
@@ -207,7 +214,7 @@ class API:
             if any(not 0 <= t < n_vocab for t in prompt):
                 raise bad_request(f"prompt: token ids must be in [0, {n_vocab})", "prompt")
             tokens = list(prompt)
-        works = self._works(req, tokens, "prompt", shape, top)
+        works = self.works(req, tokens, "prompt", shape, top)
         return await self._respond(request, req, works, Reply("text", self.model_id, len(tokens), self.engine.piece,
                                                              top), shape)
 
@@ -216,7 +223,7 @@ class API:
             raise APIError(404, f"the model '{name}' does not exist here; this server serves '{self.model_id}' "
                            "(GET /v1/models)", param="model", code="model_not_found")
 
-    def _check(self, req: ChatRequest | CompletionRequest) -> int | None:
+    def check(self, req: ChatRequest | CompletionRequest) -> int | None:
         """The request's settings checked; the number of log-probability alternatives it asks."""
         self._check_model(req.model)
         req.refused()
@@ -226,20 +233,20 @@ class API:
         return req.top()
 
     @staticmethod
-    def _shape(req: ChatRequest | CompletionRequest, template: Any) -> Shape:
+    def shape(req: ChatRequest | CompletionRequest, template: Any) -> Shape:
         try:
             return read_shape(req.response_format, req.tools, req.tool_choice, template, req.parallel_tool_calls)
         except ConstraintError as e:
             raise bad_request(str(e), e.field) from None
 
-    async def _compile(self, shape: Shape) -> None:
+    async def compile(self, shape: Shape) -> None:
         """The grammar compiled for the target's vocabulary now, so a bad one is a 400 before any header."""
         try:
             await run_in_threadpool(lambda: check_shape(shape, self.engine.grammar_tokenizer()))
         except ConstraintError as e:
             raise bad_request(str(e), e.field) from None
 
-    def _works(self, req: ChatRequest | CompletionRequest, tokens: list[int], prompt_param: str, shape: Shape,
+    def works(self, req: ChatRequest | CompletionRequest, tokens: list[int], prompt_param: str, shape: Shape,
                top: int | None) -> list[Work]:
         """One Work per answer: the same but for the seed (seed, seed + 1, ... where one is set)."""
         work = self._work(req, tokens, prompt_param)
@@ -292,16 +299,6 @@ class API:
         return await relay.whole(request)
 
 
-async def _json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
-
-
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return error_response(exc)
@@ -328,6 +325,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None, max_qu
     app.state.monitor holds the metrics."""
     monitor = Monitor()
     api = API(engine, model_id, monitor, max_queue, default_max_tokens, stream_grace_s)
+    editors = Editors(api)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -340,6 +338,8 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None, max_qu
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model:path}", api.model, methods=["GET"]),
+        Route("/infill", editors.infill, methods=["POST"]),
+        Route("/completion", editors.completion, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]

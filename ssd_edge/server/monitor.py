@@ -37,7 +37,7 @@ class Monitor:
         self.requests = Counter("ssd_edge_requests", "HTTP requests answered, by endpoint and status code",
                                 ["endpoint", "status"], registry=r)
         self.generations = Counter("ssd_edge_generations", "jobs ended, by how: eos, stop, length, context, "
-                                   "cancelled (client gone or shutdown), withdrawn (left the queue before it ran), "
+                                   "prefill (a prompt read with nothing generated: n_predict 0), cancelled (client gone or shutdown), withdrawn (left the queue before it ran), "
                                    "error",
                                    ["reason"], registry=r)
         self.prompt_tokens = Counter("ssd_edge_prompt_tokens", "prompt tokens read", registry=r)

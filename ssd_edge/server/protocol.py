@@ -14,6 +14,7 @@ Beyond OpenAI: llama.cpp's `top_k`, `min_p` and `speculative: {n_max, n_min, p_m
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -60,7 +61,7 @@ MAX_N = 8              # answers per request (made one after another: n answers 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
 
-class _Generation(_Body):
+class GenerationFields(_Body):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = None
@@ -177,7 +178,7 @@ class Message(_Body):
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
-class ChatRequest(_Generation):
+class ChatRequest(GenerationFields):
     messages: list[Message]
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
@@ -209,10 +210,10 @@ class ChatRequest(_Generation):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_Generation):
+class CompletionRequest(GenerationFields):
     prompt: str | list[str] | list[int]
     echo: bool = False
-    suffix: str | None = None
+    suffix: str | None = None  # fill in the middle between prompt and suffix (server/editors.py)
 
     def prompt_text_or_ids(self) -> str | list[int]:
         p = self.prompt
@@ -221,15 +222,12 @@ class CompletionRequest(_Generation):
                 raise bad_request("prompt: one prompt per request (a list of several is a batch, like n > 1)",
                                   "prompt")
             p = p[0]
-        if not p:
+        if not p and self.suffix is None:  # (with a suffix, an empty prefix is the top of a file)
             raise bad_request("prompt: the prompt is empty", "prompt")
         if self.echo:
             raise bad_request("echo is not supported", "echo")
         if self.tools or self.tool_choice is not None:
             raise bad_request("tools: only /v1/chat/completions calls tools", "tools")
-        if self.suffix:
-            raise bad_request("suffix is not supported; put the model's fill-in-the-middle tokens in the prompt",
-                              "suffix")
         return p
 
     def limit(self) -> int | None:
@@ -245,6 +243,17 @@ class CompletionRequest(_Generation):
             raise bad_request(f"logprobs: the number of alternatives per token, 0 to {MAX_TOP_LOGPROBS}, got "
                               f"{self.logprobs!r}", "logprobs")
         return self.logprobs
+
+
+async def read_json(request: Any) -> Any:
+    """A request's body as JSON (a starlette Request), or a 400 saying what is wrong with it."""
+    raw = await request.body()
+    if not raw.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
 
 
 def parse(kind: type[_Body], data: Any) -> Any:

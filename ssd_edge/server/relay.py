@@ -79,12 +79,7 @@ class Relay:
             self.withdraw()
 
     async def _watch(self, request: Request) -> None:
-        """Withdraw the job when the client disconnects (the body is read, so the next message is that)."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                self.withdraw()  # its items end in a Failure, and no further answer is queued
-                return
+        await on_disconnect(request, self.withdraw)  # its items end in a Failure, and no further answer is queued
 
     async def stream(self, include_usage: bool) -> AsyncIterator[str]:
         """The jobs as server-sent events: each answer's chunks and its finishing chunk, [DONE] (or an
@@ -117,6 +112,15 @@ class Relay:
             yield json.dumps(e.body())
         finally:  # also when the client disconnected and sse-starlette cancelled this generator
             self.withdraw()
+
+
+async def on_disconnect(request: Request, then: Callable[[], None]) -> None:
+    """Call `then` when the client disconnects (the body is read, so the next message is that)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            then()
+            return
 
 
 def shutting_down() -> APIError:

@@ -6,6 +6,10 @@ once (HTTP 503 with Retry-After) instead of hanging. Each job's events travel fr
 thread to its request's event loop through an asyncio.Queue, and every job receives exactly one
 terminal item: the engine's FinishEvent, or a Failure.
 
+A Work of max_tokens 0 reads its prompt into the cache and generates nothing (Pair.prefill: an editor's
+warm-up); its terminal item is the Prefilled event. A job's `cached` says how much of its prompt the
+target's cache held when it started (written by the worker before the engine runs, read after the end).
+
 Cancelling (a client gone, the server stopping) sets the job's threading.Event; the engine
 checks it at every round boundary (and between prompt chunks), so nothing keeps computing for
 nobody for longer than one round. A job withdrawn while it still waits never reaches the engine.
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, NamedTuple
 
 from ..config import SamplingConfig
-from ..events import FinishEvent, TokenEvent
+from ..events import FinishEvent, Prefilled, TokenEvent
 from .monitor import Monitor
 
 log = logging.getLogger(__name__)
@@ -34,9 +38,9 @@ class Work:
     """What to generate: the engine's generate() arguments, plus per-request draft settings."""
 
     tokens: list[int]
-    max_tokens: int
+    max_tokens: int                  # 0: read the prompt into the cache only (Pair.prefill)
     mode: str | None
-    stop: list[str]
+    stop: list[Any]                  # stop strings, and stops.StopRule's
     sampling: SamplingConfig
     spec: dict[str, Any] = field(default_factory=dict)  # engine.configure() changes for this request only
     constraint: Any = None           # a structured.Constraint the answer must follow (None: free text)
@@ -60,7 +64,8 @@ class ShuttingDown(Exception):
     pass
 
 
-Item = TokenEvent | FinishEvent | Failure
+Item = TokenEvent | FinishEvent | Prefilled | Failure
+TERMINAL = (FinishEvent, Prefilled, Failure)
 
 
 class Job:
@@ -72,12 +77,13 @@ class Job:
         self._loop = loop
         self._items: asyncio.Queue[Item] = asyncio.Queue()
         self._ended = False  # a terminal item was posted
+        self.cached: int | None = None  # prompt tokens the target's cache held at the start (the worker's)
 
     def post(self, item: Item) -> None:
         """From any thread; after a terminal item nothing more is posted."""
         if self._ended:
             return
-        self._ended = isinstance(item, (FinishEvent, Failure))
+        self._ended = isinstance(item, TERMINAL)
         try:
             self._loop.call_soon_threadsafe(self._items.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -88,7 +94,7 @@ class Job:
         while True:
             item = await self._items.get()
             yield item
-            if isinstance(item, (FinishEvent, Failure)):
+            if isinstance(item, TERMINAL):
                 return
 
 
@@ -189,6 +195,13 @@ class Scheduler:
         try:
             if w.spec:
                 eng.configure(**w.spec)
+            job.cached = eng.cached_prefix(w.tokens)
+            if w.max_tokens == 0:
+                done = eng.prefill(w.tokens, job.cancel)
+                self.monitor.generations.labels("cancelled" if done.cancelled else "prefill").inc()
+                self.monitor.prompt_tokens.inc(done.prompt_tokens)
+                job.post(done)
+                return
             shaped = {k: v for k, v in (("constraint", w.constraint), ("logprobs", w.logprobs)) if v is not None}
             events = eng.generate(tokens=w.tokens, max_tokens=w.max_tokens, mode=w.mode, stop=w.stop,
                                   cancel=job.cancel, sampling=w.sampling, **shaped)

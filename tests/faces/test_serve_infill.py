@@ -1,0 +1,281 @@
+"""The editors' endpoints on the fake backend (tests/fakes.py, with FIM tokens): /infill in llama.vim's exact
+request bodies (its completion and its warm-up), /completion with a string or token prompt, /v1/completions
+with `suffix`; each answer equal to the engine's own generation over the same layout (infill.py), the response
+fields llama-server names (flattened by response_fields as it flattens them), the warm-up's cache reused by
+the next request (tokens_cached, timings.prompt_n), n_indent, t_max_predict_ms and stop words as llama-server
+applies them, streaming, a 400 naming each bad field (the server answering the next request), a model
+without FIM tokens refused, and a client that drops its request stopping the generation (real uvicorn).
+The layout itself and the stop rules: tests/unit/test_infill.py."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from fakes import ALPHABET, FakeContext, FakeModel
+from ssd_edge.config import EngineConfig
+from ssd_edge.engine import Engine
+from ssd_edge.events import FinishEvent
+from ssd_edge.infill import Chunk, layout
+from ssd_edge.server import create_app
+from ssd_edge.server.llama_protocol import flatten
+from ssd_edge.stops import IndentLimit
+from test_serve import Live, fake_engine, metric, sse, wait_until
+
+# llama.vim's request bodies (autoload/llama.vim, ggml-org/llama.vim a1c8e6e), as it sends them
+VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
+              "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
+              "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
+EXTRA = [{"text": "def helper(x):\n    return x + 1\n", "time": 12.5, "filename": "util.py"},
+         {"text": "class Point:\n    pass\n", "time": 13.0, "filename": "geo.py"}]
+VIM_INFILL = {"id_slot": 0, "input_prefix": "def area(r):\n", "input_suffix": "\nprint(area(2))\n",
+              "input_extra": EXTRA, "prompt": "    ret", "n_predict": 128, "stop": [], "n_indent": 4,
+              "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
+              "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "response_fields": VIM_FIELDS}
+VIM_WARMUP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": EXTRA, "prompt": "",
+              "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
+              "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
+
+
+def fim_engine(*, delay: float = 0.0, alphabet: bool = False, n_ctx: int = 4096) -> Engine:
+    """A fake pair whose vocabulary has FIM tokens (`alphabet`: one character a token, line breaks and
+    spaces among them, so that n_indent and t_max_predict_ms have lines to read)."""
+    cfg = EngineConfig.build(target=dict(path="fake-target", threads=2), draft=dict(path="fake-draft", threads=2),
+                             n_ctx=n_ctx, mode="auto")
+    chars = ALPHABET if alphabet else None
+    target, draft = FakeModel("target", alphabet=chars, fim=True), FakeModel("draft", 3, alphabet=chars, fim=True)
+    return Engine.from_parts(cfg, target, FakeContext(target, n_ctx=n_ctx, decode_delay=delay), draft,
+                             FakeContext(draft, n_ctx=2 * n_ctx, n_seq_max=cfg.prespec.fanout_max + 1,
+                                         decode_delay=delay))
+
+
+def own(eng: Engine, tokens, n: int, **kw) -> FinishEvent:
+    """The engine's own answer (before the server runs it)."""
+    fin = None
+    for ev in eng.generate(tokens=list(tokens), max_tokens=n, **kw):
+        fin = ev if isinstance(ev, FinishEvent) else fin
+    return fin
+
+
+@pytest.fixture(autouse=True)
+def two_cores(monkeypatch):
+    monkeypatch.setattr("ssd_edge.planning.rounds.usable_cores", lambda: 2)
+
+
+@pytest.fixture
+def served():
+    def start(eng: Engine) -> TestClient:
+        c = TestClient(create_app(eng, model_id="fake"))
+        c.__enter__()
+        c.engine = eng
+        clients.append(c)
+        return c
+    clients: list[TestClient] = []
+    yield start
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- /infill
+
+def test_infill_answers_llama_vims_request_with_the_fields_it_reads(served):
+    c = served(fim_engine())
+    r = c.post("/infill", json=VIM_INFILL)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == set(VIM_FIELDS)  # flattened: each path is a key, nothing else
+    assert isinstance(body["content"], str) and body["timings/predicted_n"] > 0
+    assert body["timings/prompt_n"] + body["tokens_cached"] > 0 and body["truncated"] is False
+
+
+def test_infill_is_the_engines_answer_over_the_layout(served):
+    eng = fim_engine()
+    extra = [Chunk(e["text"], e["filename"]) for e in EXTRA]
+    laid = layout(eng.target, "def f():\n", "\nf()\n", prompt="  ", extra=extra, n_batch=512, n_ctx=4096, n_predict=20)
+    ref = own(eng, laid.tokens, 20, mode="ar")
+    eng.reset()
+    c = served(eng)
+    body = {k: v for k, v in VIM_INFILL.items() if k not in ("samplers", "response_fields", "n_indent",
+                                                             "t_max_predict_ms")}
+    r = c.post("/infill", json={**body, "input_prefix": "def f():\n", "input_suffix": "\nf()\n", "prompt": "  ",
+                                "n_predict": 20, "mode": "sd"}).json()
+    assert r["content"] == ref.text and r["tokens"] == list(ref.tokens)
+    assert r["stop"] is True and r["stop_type"] == "limit" and r["stopping_word"] == ""
+    assert r["tokens_evaluated"] == len(laid.tokens) and r["tokens_predicted"] == 20
+    assert r["tokens_cached"] == 0 and r["timings"]["prompt_n"] == len(laid.tokens)
+    t = r["timings"]
+    assert t["predicted_n"] == 20 and t["prompt_ms"] > 0 and t["predicted_ms"] >= 0 and t["predicted_per_second"] >= 0
+    gs = r["generation_settings"]
+    assert gs["n_predict"] == 20 and gs["top_k"] == 40 and gs["mode"] == "sd" and gs["temperature"] == 0.0
+    assert r["speculation"]["mode"] == "sd"
+
+
+def test_the_warm_up_reads_the_prompt_and_the_next_request_reuses_it(served):
+    eng = fim_engine()
+    c = served(eng)
+    r = c.post("/infill", json=VIM_WARMUP)
+    assert r.status_code == 200 and r.json() == {}  # response_fields [""]: a path that is not there
+    warm = layout(eng.target, "", "", extra=[Chunk(e["text"], e["filename"]) for e in EXTRA], n_predict=0)
+    assert list(eng.target_kv.tokens) == list(warm.tokens)  # in the cache, nothing generated
+    full = c.post("/infill", json={**VIM_WARMUP, "input_prefix": "x = ", "n_predict": 4, "response_fields": None})
+    body = full.json()
+    shared = len(warm.tokens) - 2  # the extra context and the prefix token (then the suffix and middle ones)
+    assert body["tokens_cached"] == shared and body["timings"]["prompt_n"] == body["tokens_evaluated"] - shared
+    assert metric(c.get("/metrics").text, "ssd_edge_generations_total", reason="prefill") == 1
+    again = c.post("/infill", json={**VIM_WARMUP, "response_fields": ["tokens_cached", "timings/prompt_n",
+                                                                      "stop_type"]}).json()
+    # the cache holds that request's prompt and answer: the warm-up shares their extra context and prefix token
+    assert again == {"tokens_cached": shared, "timings/prompt_n": len(warm.tokens) - shared, "stop_type": "limit"}
+
+
+def test_n_indent_ends_the_answer_where_the_block_does(served):
+    eng = fim_engine(alphabet=True)
+    laid = layout(eng.target, "a", "b", n_predict=200)
+    whole = own(eng, laid.tokens, 200, mode="ar").text
+    cut = IndentLimit(3).cut(whole, 0)
+    assert cut is not None, "the fake answer has a line to stop at"
+    c = served(eng)
+    r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 200, "n_indent": 3}).json()
+    assert r["content"] == whole[:cut] and r["stop_type"] == "limit" and r["tokens_predicted"] < 200
+
+
+def test_t_max_predict_ms_stops_at_a_line_break_after_its_time(served):
+    eng = fim_engine(alphabet=True, delay=0.01)
+    c = served(eng)
+    r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 400, "t_max_predict_ms": 30,
+                                "mode": "ar"}).json()
+    assert r["stop_type"] == "limit" and "\n" in r["content"] and r["tokens_predicted"] < 400
+    assert r["timings"]["predicted_ms"] > 30
+
+
+def test_a_stop_word_is_named(served):
+    eng = fim_engine(alphabet=True)
+    laid = layout(eng.target, "a", "b", n_predict=60)
+    whole = own(eng, laid.tokens, 60, mode="ar").text
+    word = whole[20:23]
+    c = served(eng)
+    r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 60, "stop": [word]}).json()
+    assert r["content"] == whole[:whole.index(word)] and r["stop_type"] == "word" and r["stopping_word"] == word
+
+
+def test_a_streamed_infill_sends_the_answer_in_chunks_then_the_final_object(served):
+    eng = fim_engine()
+    c = served(eng)
+    whole = c.post("/infill", json={"input_prefix": "ab", "input_suffix": "cd", "n_predict": 16}).json()
+    r = c.post("/infill", json={"input_prefix": "ab", "input_suffix": "cd", "n_predict": 16, "stream": True})
+    events = sse(r.text)
+    assert "[DONE]" not in events and events[-1]["stop"] is True and events[-1]["content"] == ""
+    assert all(e["stop"] is False for e in events[:-1])
+    assert "".join(e["content"] for e in events[:-1]) == whole["content"]
+    assert sum(len(e["tokens"]) for e in events[:-1]) == 16 and events[-1]["timings"]["predicted_n"] == 16
+
+
+def test_samplers_turn_off_the_filters_they_leave_out(served):
+    c = served(fim_engine())
+    gs = c.post("/infill", json={**VIM_INFILL, "response_fields": ["generation_settings"], "n_predict": 2}).json()
+    gs = gs["generation_settings"]
+    assert (gs["top_k"], gs["top_p"], gs["min_p"], gs["temperature"]) == (40, 0.9, 0.0, 1.0)
+
+
+# ---------------------------------------------------------------- /completion and /v1/completions' suffix
+
+def test_completion_takes_a_string_or_token_ids(served):
+    eng = fim_engine()
+    ids = eng.tokenize("hello", parse_special=True)
+    ref = own(eng, ids, 10, mode="ar")
+    c = served(eng)
+    for prompt in ("hello", ids):
+        r = c.post("/completion", json={"prompt": prompt, "n_predict": 10}).json()
+        assert r["content"] == ref.text and r["tokens_evaluated"] == len(ids) and r["stop_type"] == "limit"
+    assert c.post("/completion", json={"prompt": "hello", "n_predict": 10,
+                                       "response_fields": ["content", "timings/predicted_n"]}).json() == {
+        "content": ref.text, "timings/predicted_n": 10}
+
+
+def test_v1_completions_with_a_suffix_fills_in_the_middle(served):
+    eng = fim_engine()
+    laid = layout(eng.target, "def f(", "):\n", n_batch=512, n_ctx=4096, n_predict=12)
+    ref = own(eng, laid.tokens, 12, mode="ar")
+    c = served(eng)
+    r = c.post("/v1/completions", json={"prompt": "def f(", "suffix": "):\n", "max_tokens": 12})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == ref.text
+    assert r.json()["usage"]["prompt_tokens"] == len(laid.tokens)
+
+
+def test_flatten_keeps_the_paths_there_under_their_own_names():
+    body = {"content": "x", "timings": {"prompt_n": 3}, "stop": True}
+    assert flatten(body, ["content", "timings/prompt_n", "timings/nope", "nope/x"]) == {
+        "content": "x", "timings/prompt_n": 3}
+    assert flatten(body, None) == body and flatten(body, []) == body and flatten(body, [""]) == {}
+
+
+# ---------------------------------------------------------------- bad requests
+
+BAD = [
+    ("/infill", {"input_suffix": ""}, "input_prefix"),
+    ("/infill", {"input_prefix": ""}, "input_suffix"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "input_extra": {"text": "x"}}, "input_extra"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a.py"}]}, "input_extra.0.text"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "input_extra": ["x"]}, "input_extra.0"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "input_extra": [{"text": 3}]}, "input_extra.0.text"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "n_predict": -5}, "n_predict"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "n_indent": -1}, "n_indent"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "t_max_predict_ms": -1}, "t_max_predict_ms"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "samplers": ["top_k", "mirostat9"]}, "samplers"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "prompt": 3}, "prompt"),
+    ("/infill", {"input_prefix": 1, "input_suffix": ""}, "input_prefix"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "top_p": 0}, "top_p"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "mode": "fast"}, "mode"),
+    ("/completion", {"n_predict": 3}, "prompt"),
+    ("/completion", {"prompt": [1, 99]}, "prompt"),
+    ("/completion", {"prompt": ""}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2], "suffix": "x"}, "suffix"),
+]
+
+
+@pytest.mark.parametrize("path, body, param", BAD, ids=[f"{p}-{param}" for p, _, param in BAD])
+def test_each_bad_field_is_a_400_naming_it_and_the_server_goes_on(served, path, body, param):
+    c = served(fim_engine())
+    r = c.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()
+    assert c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 2}).status_code == 200
+
+
+def test_a_model_without_fim_tokens_is_a_400_saying_so(served):
+    c = served(fake_engine())
+    r = c.post("/infill", json={"input_prefix": "a", "input_suffix": "b"})
+    assert r.status_code == 400 and "no fill-in-the-middle tokens" in r.json()["error"]["message"]
+    r = c.post("/v1/completions", json={"prompt": "a", "suffix": "b"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
+    assert c.post("/completion", json={"prompt": "a", "n_predict": 2}).status_code == 200  # no FIM needed there
+
+
+# ---------------------------------------------------------------- a client that goes away
+
+def test_a_dropped_infill_stops_its_generation(served):
+    srv = Live(create_app(fim_engine(delay=0.01), model_id="fake"))
+    try:
+        with pytest.raises(httpx.ReadTimeout):  # 900 tokens in mode ar would take 9 s
+            httpx.post(srv.url + "/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 900,
+                                                  "mode": "ar"}, timeout=0.5)
+        wait_until(lambda: not srv.scheduler.busy)  # the limit only stops a hang
+        m = srv.metrics()
+        assert metric(m, "ssd_edge_generations_total", reason="cancelled") == 1
+        assert metric(m, "ssd_edge_completion_tokens_total") < 900
+    finally:
+        srv.stop()
+
+
+def test_a_dropped_warm_up_stops_between_prompt_batches(served):
+    srv = Live(create_app(fim_engine(delay=0.05), model_id="fake"))  # 64 tokens a batch, 50 ms each
+    try:
+        long = [{"text": "x" * 1500, "filename": "big.py"}]  # ~24 batches: over a second
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/infill", json={**VIM_WARMUP, "input_extra": long}, timeout=0.3)
+        wait_until(lambda: not srv.scheduler.busy)
+        assert metric(srv.metrics(), "ssd_edge_generations_total", reason="cancelled") == 1
+        assert srv.app.state.api.engine.target_ctx.decodes < 20  # stopped well before the prompt's end
+    finally:
+        srv.stop()
