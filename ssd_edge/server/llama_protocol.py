@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..events import FinishEvent, Prefilled
 from ..stops import IndentLimit, StopRule, TimeLimit
@@ -61,6 +61,12 @@ class LlamaFields(GenerationFields):
     cache_prompt: bool = True
     id_slot: int = -1
     response_fields: list[str] | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _no_name(cls, v: str | None) -> str | None:
+        """An empty model name is none: llama.vim sends its `model_fim` setting, '' by default, every time."""
+        return v or None
 
     def refused(self) -> None:
         """A 400 for values out of range; then the filters left out of `samplers` turned off (llama-server

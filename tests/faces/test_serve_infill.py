@@ -23,17 +23,18 @@ from ssd_edge.server.llama_protocol import flatten
 from ssd_edge.stops import IndentLimit
 from test_serve import Live, fake_engine, metric, sse, wait_until
 
-# llama.vim's request bodies (autoload/llama.vim, ggml-org/llama.vim a1c8e6e), as it sends them
+# llama.vim's request bodies (autoload/llama.vim, ggml-org/llama.vim a1c8e6e), as it sends them: with "model": ""
+# too (it means to send its model_fim setting only when set, but tests the length of the setting's name)
 VIM_FIELDS = ["content", "timings/prompt_n", "timings/prompt_ms", "timings/prompt_per_token_ms",
               "timings/prompt_per_second", "timings/predicted_n", "timings/predicted_ms",
               "timings/predicted_per_token_ms", "timings/predicted_per_second", "truncated", "tokens_cached"]
 EXTRA = [{"text": "def helper(x):\n    return x + 1\n", "time": 12.5, "filename": "util.py"},
          {"text": "class Point:\n    pass\n", "time": 13.0, "filename": "geo.py"}]
-VIM_INFILL = {"id_slot": 0, "input_prefix": "def area(r):\n", "input_suffix": "\nprint(area(2))\n",
+VIM_INFILL = {"id_slot": 0, "model": "", "input_prefix": "def area(r):\n", "input_suffix": "\nprint(area(2))\n",
               "input_extra": EXTRA, "prompt": "    ret", "n_predict": 128, "stop": [], "n_indent": 4,
               "top_k": 40, "top_p": 0.90, "samplers": ["top_k", "top_p", "infill"], "stream": False,
               "cache_prompt": True, "t_max_prompt_ms": 500, "t_max_predict_ms": 250, "response_fields": VIM_FIELDS}
-VIM_WARMUP = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": EXTRA, "prompt": "",
+VIM_WARMUP = {"id_slot": 0, "model": "", "input_prefix": "", "input_suffix": "", "input_extra": EXTRA, "prompt": "",
               "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
               "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
