@@ -195,6 +195,8 @@ class EngineConfig(_Strict):
     draft: ModelConfig | None = None
     n_ctx: int = Field(default=4096, ge=64, le=1 << 20)
     n_batch: int = Field(default=512, ge=8, le=1 << 16)
+    cache_reuse: int = Field(default=0, ge=0, description="--cache-reuse: also reuse cached chunks of at least "
+                             "this many tokens that moved in the prompt, shifted (an approximation; 0: off)")
     mode: Mode = "auto"
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     spec: SpecConfig = Field(default_factory=SpecConfig)

@@ -156,6 +156,13 @@ class BackendContext(Protocol):
 
     def seq_cp(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None: ...
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move the cells of `seq` at positions [p0, p1) by `delta` positions (llama_memory_seq_add: their
+        keys are rotated to the new positions at the next decode). The positions they move to must be free."""
+
+    def can_shift(self) -> bool:
+        """Whether seq_add works on this cache (llama_memory_can_shift)."""
+
     def seq_pos_max(self, seq: int) -> int:
         """Last stored position of `seq`, -1 when empty."""
 

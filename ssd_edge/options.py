@@ -72,6 +72,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "says what it chose; refuses when the target alone cannot fit", _MEM),
     Option("ctx_size", ("-c", "--ctx-size"), int, "context size in tokens, prompt and answer together "
            "(default 4096)", _R),
+    Option("batch_size", ("-b", "--batch-size"), int, "tokens a prompt is read in at a time (default 512); a "
+           "fill-in-the-middle prompt keeps at most 3/4 of it before the cursor and 1/4 after (llama-server's cut)", _R),
+    Option("cache_reuse", ("--cache-reuse",), int, "also reuse chunks of at least N tokens that the cache holds and "
+           "the next prompt has at another place (an editor's window moved: lines gone at the top), shifting their "
+           "positions as llama-server's --cache-reuse does; such a chunk attended to text that is gone, so the "
+           "answer is an approximation of a cold read's (default 0: off; every answer equals a cold read's)", _R),
     Option("n_predict", ("-n", "--n-predict"), int, "most tokens to generate; -1: until end of text or a full "
            "context (default: generate 256, tui 512, chat and serve -1)", _R),
     Option("temp", ("--temp",), float, "temperature; 0 = greedy (default 0)", _S),

@@ -24,7 +24,7 @@ from .errors import ConfigError, ContextFullError
 from .events import Prefilled
 from .interface import ModelInfo
 from .llama.backend import Context, Model, check_gguf_file, check_same_vocab
-from .llama.kvseq import Cancelled, KVSeq, common_prefix
+from .llama.kvseq import Cancelled, KVSeq
 from .llama.timing import DecodeTimer
 from .memory import BudgetPlan, MemoryUse, ModelCost, fit_budget, measure as measure_memory, rss_bytes
 from .models.catalog import resolve_model
@@ -153,6 +153,7 @@ class Pair:
         self.config = config
         self.target, self.target_ctx = target, target_ctx
         self.target_kv = KVSeq(target_ctx)
+        self.target_kv.reuse = config.cache_reuse  # (fixed at load: configure() does not change it)
         # the draft's context is sized once, for the settings the engine loads with (configure keeps to them)
         self.n_draft_seqs = config.prespec.fanout_max + 1
         self.budget_cells_max = config.prespec.budget_cells
@@ -270,8 +271,9 @@ class Pair:
 
     def cached_prefix(self, tokens: Sequence[int]) -> int:
         """How many of the prompt `tokens` the target's cache holds now and a generation keeps (all but the
-        last at most: its row is read again). Between generations."""
-        return min(common_prefix(list(self.target_kv.tokens), list(tokens)), max(len(tokens) - 1, 0))
+        last at most: its row is read again): their common prefix, and with --cache-reuse the chunks it
+        moves. Between generations."""
+        return self.target_kv.held_for(tokens) if tokens else 0
 
     def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> Prefilled:
         """Read the prompt `tokens` into the target's cache and generate nothing (an editor's warm-up): the

@@ -52,7 +52,7 @@ _FIELD_OPTION = {
     ("target", "cache_type_k"): "cache_type_k", ("target", "cache_type_v"): "cache_type_v",
     ("draft", "cache_type_k"): "cache_type_k_draft", ("draft", "cache_type_v"): "cache_type_v_draft",
     ("target", "flash_attn"): "flash_attn", ("draft", "flash_attn"): "flash_attn",
-    ("n_ctx",): "ctx_size", ("mode",): "mode",
+    ("n_ctx",): "ctx_size", ("n_batch",): "batch_size", ("cache_reuse",): "cache_reuse", ("mode",): "mode",
     ("sampling", "temperature"): "temp", ("sampling", "top_k"): "top_k", ("sampling", "top_p"): "top_p",
     ("sampling", "min_p"): "min_p", ("spec", "k"): "draft_max", ("spec", "k_min"): "draft_min",
     ("spec", "p_min"): "draft_p_min", ("prespec", "budget_cells"): "budget_cells",
@@ -236,6 +236,9 @@ def engine_config(s: Settings, cores: int | None = None) -> EngineConfig:
         threads_follow_mode=s["threads"] is None and s["threads_draft"] is None)
     if s["ctx_size"] is not None:
         raw["n_ctx"] = s["ctx_size"]
+    for option, key in (("batch_size", "n_batch"), ("cache_reuse", "cache_reuse")):
+        if s[option] is not None:
+            raw[key] = s[option]
     if s["memory_budget"] is not None:
         try:
             raw["memory_budget"] = parse_size(str(s["memory_budget"]))

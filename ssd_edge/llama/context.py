@@ -263,6 +263,13 @@ class Context:
         """Last stored position of `seq`, -1 when empty."""
         return int(ll.llama_memory_seq_pos_max(self.mem, seq))
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move positions [p0, p1) of `seq` by delta (llama_memory_seq_add; the K rotation at the next decode)."""
+        ll.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def can_shift(self) -> bool:
+        return bool(ll.llama_memory_can_shift(self.mem))
+
     def clear(self) -> None:
         if self._endpoints:  # clearing the data zeroes buffers on the servers
             GUARD.call("clearing the KV cache", self._endpoints, self._timeout_s, ll.llama_memory_clear, self.mem, True)

@@ -13,11 +13,17 @@ operations change `tokens` (read it anywhere, edit it nowhere else):
 
 Pre-speculation (speculation/prespec/) decodes its branches into sequences no KVSeq holds;
 one becomes the draft's main sequence only through adopt().
+
+With `reuse` = N > 0 (--cache-reuse), feed() keeps more than the common prefix where it can: cached chunks
+of at least N tokens that the new sequence holds further left (an editor's window that lost lines at the
+top) are moved there with seq_add instead of being read again (reuse_plan: llama-server's --cache-reuse
+walk). Such a chunk's keys were computed beside text that is gone: an approximation of a cold read, which
+is why it is off unless asked.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -54,6 +60,33 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+class Move(NamedTuple):
+    """A cached chunk reused at another place: tokens [src, src + n) of the cache go to [dst, dst + n)."""
+
+    src: int
+    dst: int
+    n: int
+
+
+def reuse_plan(cached: Sequence[int], full: Sequence[int], keep: int, end: int, n_min: int) -> tuple[list[Move], int]:
+    """llama-server's --cache-reuse walk, after the first `keep` tokens that both hold: from there, a run of
+    at least n_min tokens where the cache and `full` (up to `end`) agree is moved left to its place in
+    `full`, else the cache's next token is skipped. (The moves, how many leading tokens of `full` the cache
+    then holds.)"""
+    moves: list[Move] = []
+    head_c = head_p = keep
+    while head_c < len(cached) and head_p < end:
+        n = 0
+        while head_c + n < len(cached) and head_p + n < end and cached[head_c + n] == full[head_p + n]:
+            n += 1
+        if n >= n_min:
+            moves.append(Move(head_c, head_p, n))
+            head_c, head_p = head_c + n, head_p + n
+        else:
+            head_c += 1
+    return moves, head_p
+
+
 class KVSeq:
     """One sequence of a context and the tokens it holds. Used by one thread at a time: whichever
     drives the context (the engine, or SSD's worker for the draft)."""
@@ -62,6 +95,14 @@ class KVSeq:
         self.ctx = ctx
         self.seq = seq
         self._tokens: list[int] = []
+        self.reuse = 0  # --cache-reuse: the shortest chunk feed() moves rather than reads again (0: off)
+
+    def held_for(self, full: Sequence[int], rows: int = 1) -> int:
+        """How many leading tokens of `full` feed(full, rows) would keep rather than read."""
+        keep = min(common_prefix(self._tokens, list(full)), len(full) - rows)
+        if self.reuse and keep < len(self._tokens) and self.ctx.can_shift():
+            keep = reuse_plan(self._tokens, full, keep, len(full) - rows, self.reuse)[1]
+        return max(keep, 0)
 
     @property
     def tokens(self) -> Sequence[int]:
@@ -118,6 +159,16 @@ class KVSeq:
         self._tokens.extend(drawn[:-1])
         return drawn, took
 
+    def _move_chunks(self, full: Sequence[int], keep: int, end: int) -> int:
+        """reuse_plan's moves made: what lies between a chunk's new place and its old one removed, the chunk
+        shifted there; the tokens follow. Returns how many leading tokens of `full` the cache now holds."""
+        moves, held = reuse_plan(self._tokens, full, keep, end, self.reuse)
+        for m in moves:
+            self.ctx.seq_rm(self.seq, m.dst, m.src)
+            self.ctx.seq_add(self.seq, m.src, m.src + m.n, m.dst - m.src)
+            self._tokens[m.dst:m.dst + m.n] = self._tokens[m.src:m.src + m.n]
+        return held
+
     def feed(self, full: Sequence[int], rows: int = 1, cancelled: Callable[[], bool] | None = None,
              chunk: int | None = None) -> np.ndarray:
         """Make the cache hold exactly `full`; return the logit rows of its last `rows` tokens, valid
@@ -139,6 +190,8 @@ class KVSeq:
             self._tokens.extend(full[held:])
             return got
         keep = min(common_prefix(self._tokens, full), len(full) - rows)
+        if self.reuse and keep < len(self._tokens) and self.ctx.can_shift():
+            keep = self._move_chunks(full, keep, len(full) - rows)
         self.truncate(keep)
         todo = list(full[keep:])
         out: list[np.ndarray] = []

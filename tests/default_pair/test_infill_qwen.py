@@ -2,7 +2,8 @@
 real engine: a function body completed between its signature and the code after it compiles; a repeated
 request reads only its last prompt token again (tokens_cached); a FIM token's spelling in the user's code
 stays text; and /infill greedy in sd, lookup, ssd and auto gives ar's tokens, each run from an empty cache
-(a difference passes only as a near-tie proven by tests/lossless_check.py's replay). Lean: one prompt,
+(a difference passes only as a near-tie proven by tests/lossless_check.py's replay); with --cache-reuse 256,
+a request whose prefix lost lines at the top reads at most a quarter of its prompt again. Lean: one prompt,
 48 tokens at most per answer (32 where every mode runs), at the users' thread split."""
 
 from __future__ import annotations
@@ -88,3 +89,27 @@ def test_infill_greedy_in_every_mode_is_ars_default_pair(served):
             print(f"{mode} differs from ar (first at token {at}): proving a near-tie")
             compare_prompt(eng, Prompt("fim_circle", "code", PREFIX), mode, mode, ar, Tally(), LOSSLESS_N)
     print(f"every mode: {len(runs['ar'])} tokens, {differ or 'none'} differing")
+
+
+# an editor's window: 256 lines above the cursor in llama.vim, here a short file that fits the prefix's cut
+WINDOW = "".join(f"def scale_{i}(values: list[float]) -> list[float]:\n    return [v * {i} for v in values]\n\n\n"
+                 for i in range(1, 13))
+
+
+@pytest.mark.timeout(600)
+def test_cache_reuse_moves_what_the_window_kept_default_pair(default_pair):
+    eng = make_engine(default_pair, cache_reuse=256, target=dict(threads=split_threads("ar", False, usable_cores())[0]))
+    try:
+        with TestClient(create_app(eng, model_id="qwen")) as c:
+            body = {"input_suffix": "\n\nprint(scale_13([1.0]))\n", "n_predict": 16, "n_indent": 4, "mode": "ar",
+                    "temperature": 0.0}
+            first = c.post("/infill", json={**body, "input_prefix": WINDOW + "def scale_13(values):\n"}).json()
+            later = WINDOW.split("\n\n\n", 2)[2]  # the first two functions scrolled out of the window
+            r = c.post("/infill", json={**body, "input_prefix": later + "def scale_13(values):\n"}).json()
+        n = r["tokens_evaluated"]
+        print(f"first: {first['content']!r} ({first['tokens_evaluated']} tokens); "
+              f"moved: {r['content']!r}, read {r['timings']['prompt_n']} of {n}")
+        assert r["timings"]["prompt_n"] <= n / 4 and r["tokens_cached"] == n - r["timings"]["prompt_n"]
+        assert first["truncated"] is False and r["content"].strip()
+    finally:
+        eng.close()

@@ -18,6 +18,7 @@ from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
 from ssd_edge.infill import Chunk, layout
+from ssd_edge.llama.kvseq import common_prefix
 from ssd_edge.server import create_app
 from ssd_edge.server.llama_protocol import flatten
 from ssd_edge.stops import IndentLimit
@@ -39,11 +40,11 @@ VIM_WARMUP = {"id_slot": 0, "model": "", "input_prefix": "", "input_suffix": "",
               "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
 
-def fim_engine(*, delay: float = 0.0, alphabet: bool = False, n_ctx: int = 4096) -> Engine:
+def fim_engine(*, delay: float = 0.0, alphabet: bool = False, n_ctx: int = 4096, cache_reuse: int = 0) -> Engine:
     """A fake pair whose vocabulary has FIM tokens (`alphabet`: one character a token, line breaks and
     spaces among them, so that n_indent and t_max_predict_ms have lines to read)."""
     cfg = EngineConfig.build(target=dict(path="fake-target", threads=2), draft=dict(path="fake-draft", threads=2),
-                             n_ctx=n_ctx, mode="auto")
+                             n_ctx=n_ctx, mode="auto", cache_reuse=cache_reuse)
     chars = ALPHABET if alphabet else None
     target, draft = FakeModel("target", alphabet=chars, fim=True), FakeModel("draft", 3, alphabet=chars, fim=True)
     return Engine.from_parts(cfg, target, FakeContext(target, n_ctx=n_ctx, decode_delay=delay), draft,
@@ -177,6 +178,30 @@ def test_samplers_turn_off_the_filters_they_leave_out(served):
     gs = c.post("/infill", json={**VIM_INFILL, "response_fields": ["generation_settings"], "n_predict": 2}).json()
     gs = gs["generation_settings"]
     assert (gs["top_k"], gs["top_p"], gs["min_p"], gs["temperature"]) == (40, 0.9, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("reuse", [0, 16])
+def test_cache_reuse_reads_only_what_moved_in(served, reuse):
+    """The editor's window loses lines at the top: with --cache-reuse the rest of the prompt is moved, not
+    read (the fake's logits come from the tokens each position holds, so its answer is a cold read's; a
+    real model's is an approximation); without it, everything after the first token is read again."""
+    lines = [f"line{i} = {i} * {i}\n" for i in range(20)]  # ~300 tokens: under the prefix cut (384)
+    body = {"input_suffix": "\nend\n", "n_predict": 8, "mode": "ar"}
+    cold = fim_engine()
+    later = "".join(lines[5:]) + "x"
+    laid = layout(cold.target, later, "\nend\n", n_predict=8)
+    want = own(cold, laid.tokens, 8, mode="ar")
+    c = served(fim_engine(cache_reuse=reuse))
+    c.post("/infill", json={**body, "input_prefix": "".join(lines) + "x"})
+    r = c.post("/infill", json={**body, "input_prefix": later}).json()
+    n = r["tokens_evaluated"]
+    assert r["content"] == want.text
+    if reuse:
+        assert r["timings"]["prompt_n"] <= n / 4 and r["tokens_cached"] == n - r["timings"]["prompt_n"]
+    else:
+        first = layout(cold.target, "".join(lines) + "x", "\nend\n", n_predict=8).tokens
+        shared = common_prefix(list(first), list(laid.tokens))  # the extra context's lines, "line"
+        assert r["tokens_cached"] == shared < n / 8 and r["timings"]["prompt_n"] == n - shared
 
 
 # ---------------------------------------------------------------- /completion and /v1/completions' suffix

@@ -190,6 +190,35 @@ class CellCache:
         if new.any():
             self._max[dst] = max(self._max[dst], p0 + int(np.flatnonzero(new)[-1]))
 
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Move the cells of `seq` at positions [p0, p1) by `delta`, for every sequence that holds them (as
+        llama.cpp moves a cell's position); a cell moved below position 0 is removed. The positions they move
+        to must be free (AssertionError otherwise: the caller removes what was there first)."""
+        p1 = self._max[seq] + 1 if p1 < 0 else min(p1, self._max[seq] + 1)
+        if delta == 0 or p0 >= p1:
+            return
+        span = self._at[seq, max(p0, 0):p1]
+        cells = span[span >= 0]
+        for sid in range(self.n_seq_max):
+            row = self._at[sid]
+            src = np.flatnonzero(np.isin(row, cells))
+            if not len(src):
+                continue
+            moved = row[src].copy()
+            row[src] = -1
+            dst = src + delta
+            if (dst >= self.n_ctx).any() or (row[dst[dst >= 0]] >= 0).any():
+                raise AssertionError(f"seq_add: seq {sid} cannot take positions {dst.min()}..{dst.max()}")
+            row[dst[dst >= 0]] = moved[dst >= 0]
+            gone = moved[dst < 0]
+            self._refs[gone] -= 1
+            self._free.extend(gone[self._refs[gone] == 0].tolist())
+            self._max[sid] = self._last(sid, self.n_ctx)
+        self._pos[cells] += delta
+
+    def can_shift(self) -> bool:
+        return True
+
     def clear(self) -> None:
         self._at.fill(-1)
         self._refs.fill(0)
