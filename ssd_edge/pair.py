@@ -287,6 +287,8 @@ class Pair:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
+            if self.config.threads_follow_mode:  # the target alone reads: every core, as mode ar's split gives it
+                self.use_threads(planned.threads_for("ar", self.config, self.has_draft, None).target.threads)
             cached, t0 = self.cached_prefix(tokens), time.perf_counter()
             try:
                 self.target_kv.feed(list(tokens), 1, cancel.is_set if cancel is not None else None)

@@ -1,8 +1,9 @@
 """Fill in the middle on the default Qwen pair (it has all six FIM tokens), through `POST /infill` on the
 real engine: a function body completed between its signature and the code after it compiles; a repeated
 request reads only its last prompt token again (tokens_cached); a FIM token's spelling in the user's code
-stays text; and /infill greedy in sd, lookup, ssd and auto gives ar's tokens, each run from an empty cache
-(a difference passes only as a near-tie proven by tests/lossless_check.py's replay); with --cache-reuse 256,
+stays text; /infill greedy in sd, lookup, ssd and auto gives ar's tokens, each run from an empty cache, and
+sampled with a seed in sd, ssd and auto ar's draws (a difference passes only as a near-tie proven by
+tests/lossless_check.py's replay); with --cache-reuse 256,
 a request whose prefix lost lines at the top reads at most a quarter of its prompt again. Lean: one prompt,
 48 tokens at most per answer (32 where every mode runs), at the users' thread split."""
 
@@ -14,7 +15,7 @@ from starlette.testclient import TestClient
 from conftest import make_engine
 from lossless_check import Tally, compare_prompt, generate
 from prompts import Prompt
-from ssd_edge.config import split_threads, usable_cores
+from ssd_edge.config import SamplingConfig, split_threads, usable_cores
 from ssd_edge.infill import layout
 from ssd_edge.server import create_app
 
@@ -25,6 +26,7 @@ PREFIX = ('import math\n\n\ndef circle_area(radius: float) -> float:\n'
 SUFFIX = '\n\n\ndef main() -> None:\n    print(circle_area(2.0))\n\n\nif __name__ == "__main__":\n    main()\n'
 N = 48
 LOSSLESS_N = 32
+SAMPLED_N = 24
 # the cursor on the body's first line, after its indentation: llama.vim's prompt (the line so far) and n_indent
 # (the Instruct model goes on past the function, into the rest of the file and prose: the indentation ends it)
 BODY = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": [], "prompt": "    ", "n_predict": N,
@@ -90,6 +92,29 @@ def test_infill_greedy_in_every_mode_is_ars_default_pair(served):
             compare_prompt(eng, Prompt("fim_circle", "code", PREFIX), mode, mode, ar, Tally(), LOSSLESS_N)
     print(f"every mode: {len(runs['ar'])} tokens, {differ or 'none'} differing")
 
+
+
+@pytest.mark.timeout(1200)
+def test_infill_sampled_seed_for_seed_in_every_mode_is_ars_default_pair(served):
+    """Sampled (temperature 0.8, top-k 40, seed 7): each mode draws ar's tokens, as the coupled draws make
+    them (a difference passes only as a proven near-tie of the draw's scores). Short answers."""
+    c, eng = served
+    sampled = {**BODY, "n_predict": SAMPLED_N, "n_indent": 0, "temperature": 0.8, "top_k": 40, "seed": 7}
+    runs = {}
+    for mode in ("ar", "sd", "ssd", "auto"):
+        eng.reset()
+        runs[mode] = c.post("/infill", json={**sampled, "mode": mode}).json()["tokens"]
+    differ = [m for m in runs if runs[m] != runs["ar"]]
+    print(f"sampled, every mode: {len(runs['ar'])} tokens, {differ or 'none'} differing")
+    if differ:
+        laid = layout(eng.target, PREFIX, SUFFIX, prompt="    ", n_batch=eng.config.n_batch, n_ctx=eng.config.n_ctx,
+                      n_predict=SAMPLED_N)
+        s = SamplingConfig.model_validate({**eng.config.sampling.model_dump(), "temperature": 0.8, "top_k": 40,
+                                           "seed": 7})
+        ar = generate(eng, list(laid.tokens), "ar", SAMPLED_N, s)
+        assert ar.out == runs["ar"]
+        for mode in differ:
+            compare_prompt(eng, Prompt("fim_circle", "code", PREFIX), mode, mode, ar, Tally(), SAMPLED_N)
 
 # an editor's window: 256 lines above the cursor in llama.vim, here a short file that fits the prefix's cut
 WINDOW = "".join(f"def scale_{i}(values: list[float]) -> list[float]:\n    return [v * {i} for v in values]\n\n\n"

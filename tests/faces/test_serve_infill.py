@@ -131,6 +131,16 @@ def test_the_warm_up_reads_the_prompt_and_the_next_request_reuses_it(served):
     assert again == {"tokens_cached": shared, "timings/prompt_n": len(warm.tokens) - shared, "stop_type": "limit"}
 
 
+def test_a_warm_up_reads_with_every_core(served):
+    """Where threads follow the mode (no -t/-td), the target reads a warm-up alone: mode ar's split, every
+    core (2 here), not what the last generation's mode left it (ssd's 1)."""
+    eng = fim_engine()
+    eng.config = eng.config.model_copy(update={"threads_follow_mode": True})
+    eng.use_threads(1, 1)
+    served(eng).post("/infill", json=VIM_WARMUP)
+    assert eng.threads[0] == 2
+
+
 def test_n_indent_ends_the_answer_where_the_block_does(served):
     eng = fim_engine(alphabet=True)
     laid = layout(eng.target, "a", "b", n_predict=200)
