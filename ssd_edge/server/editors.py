@@ -78,11 +78,12 @@ class Editors:
         shape = api.shape(req, None)
         if shape.constraint is not None:
             await api.compile(shape)
-        work = api.works(req, tokens, param, shape, None)[0]
-        work = replace(work, stop=[*work.stop, *req.rules()], max_tokens=0 if req.n_predict == 0 else work.max_tokens)
+        works = [replace(w, stop=[*w.stop, *req.rules()], max_tokens=0 if req.n_predict == 0 else w.max_tokens)
+                 for w in api.works(req, tokens, param, shape, None)]  # n_cmpl of them (seed, seed + 1, ...)
+        work = works[0]
         reply = LlamaReply(api.model_id, req, len(tokens), truncated,
                            settings_of(req, work.sampling, work.max_tokens, work.mode or api.base.mode))
-        relay = LlamaRelay(api.scheduler, work, reply)
+        relay = LlamaRelay(api.scheduler, works, reply)
         if req.stream:
             return EventSourceResponse(relay.stream(), ping=15, shutdown_event=anyio.Event(),
                                        shutdown_grace_period=api.stream_grace_s)
@@ -96,12 +97,13 @@ def answered(item: Any) -> bool:
 
 
 class LlamaRelay:
-    """One request's job relayed to its client: one JSON object, or its chunks as server-sent events
+    """One request's jobs relayed to its client: one JSON object (a list of them for n_cmpl > 1, each answer
+    queued when the one before it ends, on its own seed), or one answer's chunks as server-sent events
     ending in the final object (llama-server sends no `[DONE]` on these endpoints)."""
 
-    def __init__(self, scheduler: Scheduler, work: Work, reply: LlamaReply) -> None:
-        self.scheduler, self.reply = scheduler, reply
-        self.job = submit(scheduler, work)  # a full queue is a 503 before any header is sent
+    def __init__(self, scheduler: Scheduler, works: Sequence[Work], reply: LlamaReply) -> None:
+        self.scheduler, self.reply, self.works = scheduler, reply, list(works)
+        self.job = submit(scheduler, self.works[0])  # a full queue is a 503 before any header is sent
         self.sources: Counter[str] = Counter()
 
     def withdraw(self) -> None:
@@ -112,15 +114,19 @@ class LlamaRelay:
 
     async def whole(self, request: Request) -> Response:
         watcher = asyncio.ensure_future(on_disconnect(request, self.withdraw))
+        done: list[dict[str, Any]] = []
         try:
-            async for item in self.job.items():
-                if isinstance(item, TokenEvent):
-                    self.sources.update(item.provenance)
-                elif answered(item):
-                    return JSONResponse(self.reply.final(item, self.job.cached, self.sources))
-                else:
-                    raise self._error(item)
-            raise AssertionError("a job ended without a terminal item")  # pragma: no cover
+            for i, work in enumerate(self.works):
+                if i:
+                    self.job, self.sources = submit(self.scheduler, work), Counter()
+                async for item in self.job.items():
+                    if isinstance(item, TokenEvent):
+                        self.sources.update(item.provenance)
+                    elif answered(item):
+                        done.append(self.reply.final(item, self.job.cached, self.sources, index=i))
+                    else:
+                        raise self._error(item)
+            return JSONResponse(done if len(done) > 1 else done[0])
         finally:
             watcher.cancel()
             self.withdraw()

@@ -14,6 +14,8 @@ temperature, top_k, top_p, min_p, seed, stream, mode, ...):
                      accepted: at their defaults they change nothing
   cache_prompt, id_slot   accepted: one slot, whose cache every request reuses (its longest common prefix)
   response_fields    ["content", "timings/prompt_n", ...]: only these, each under its path as the key
+  n_cmpl             answers (llama.vscode asks 3): made one after another, on seeds seed, seed + 1, ...,
+                     answered as a list of objects (one answer: the object itself)
 /infill: input_prefix and input_suffix (both required), input_extra ([{filename, text}], oldest first),
 prompt (the cursor's line so far); /completion: a string prompt (special tokens parsed, as llama-server
 does: clients template their own FIM prompts) or a list of token ids.
@@ -28,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..events import FinishEvent, Prefilled
 from ..stops import IndentLimit, StopRule, TimeLimit
-from .protocol import GenerationFields, bad_request
+from .protocol import MAX_N, GenerationFields, bad_request
 from .reply import speculation
 
 # llama.cpp's sampler names (common_sampler_types_from_names, with its other spellings) -> the filter each is
@@ -61,6 +63,7 @@ class LlamaFields(GenerationFields):
     cache_prompt: bool = True
     id_slot: int = -1
     response_fields: list[str] | None = None
+    n_cmpl: int = 1
 
     @field_validator("model")
     @classmethod
@@ -71,6 +74,12 @@ class LlamaFields(GenerationFields):
     def refused(self) -> None:
         """A 400 for values out of range; then the filters left out of `samplers` turned off (llama-server
         builds its chain from that list alone), so that the sampling read next is the one that applies."""
+        if not 1 <= self.n_cmpl <= MAX_N:
+            raise bad_request(f"n_cmpl: from 1 to {MAX_N} answers (made one after another), got {self.n_cmpl}",
+                              "n_cmpl")
+        if self.n_cmpl > 1 and self.stream:
+            raise bad_request("n_cmpl: one answer when streaming", "n_cmpl")
+        self.n = self.n_cmpl  # (OpenAI's n is not these endpoints' field: n_cmpl is)
         super().refused()
         if self.n_predict < -1:
             raise bad_request(f"n_predict: -1 (no limit), 0 (read the prompt only) or a number of tokens, got "
@@ -174,7 +183,7 @@ class LlamaReply:
                 "tokens_predicted": self.predicted, "tokens_evaluated": self.n_prompt}
 
     def final(self, done: FinishEvent | Prefilled, cached: int | None, sources: Counter[str],
-              streamed: bool = False) -> dict[str, Any]:
+              streamed: bool = False, index: int = 0) -> dict[str, Any]:
         """The answer's last object: the whole content (empty when streamed: the chunks carried it), why it
         stopped, the cache's share and the timings; cut to response_fields."""
         finish = done if isinstance(done, FinishEvent) else None
@@ -193,7 +202,7 @@ class LlamaReply:
                    "predicted_n": len(tokens), "predicted_ms": predicted_s * 1e3,
                    "predicted_per_token_ms": predicted_s * 1e3 / len(tokens) if tokens else 0.0,
                    "predicted_per_second": len(tokens) / predicted_s if predicted_s > 0 else 0.0}
-        body = {"index": 0, "content": "" if streamed else text, "tokens": [] if streamed else tokens,
+        body = {"index": index, "content": "" if streamed else text, "tokens": [] if streamed else tokens,
                 "id_slot": 0, "stop": True, "model": self.model, "tokens_predicted": len(tokens),
                 "tokens_evaluated": self.n_prompt, "generation_settings": self.settings,
                 "has_new_line": "\n" in text, "truncated": self.truncated, "stop_type": stop_type(finish),

@@ -39,6 +39,15 @@ VIM_WARMUP = {"id_slot": 0, "model": "", "input_prefix": "", "input_suffix": "",
               "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True,
               "t_max_prompt_ms": 1, "t_max_predict_ms": 1, "response_fields": [""]}
 
+# llama.vscode's (src/llama-server.ts createRequestPayload, ggml-org/llama.vscode v0.0.63, its default settings)
+CODE_EXTRA = [{"text": "def helper(x):\n    return x + 1\n", "time": 1765000000000, "filename": "/srv/proj/util.py"}]
+CODE_INFILL = {"id_slot": 0, "input_prefix": "def area(r):\n", "input_suffix": "\nprint(area(2))\n",
+               "input_extra": CODE_EXTRA, "prompt": "    ret", "n_predict": 128, "n_cmpl": 3, "top_k": 40,
+               "top_p": 0.99, "stream": False, "samplers": ["top_k", "top_p", "infill"], "cache_prompt": True,
+               "n_indent": 4, "t_max_prompt_ms": 500, "t_max_predict_ms": 2500}
+CODE_WARMUP = {"id_slot": 0, "input_prefix": "def area(r):\n", "input_suffix": "\nprint(area(2))\n",
+               "input_extra": CODE_EXTRA, "prompt": "    ret", "n_predict": 0, "samplers": [], "cache_prompt": True,
+               "t_max_prompt_ms": 500, "t_max_predict_ms": 1}
 
 def fim_engine(*, delay: float = 0.0, alphabet: bool = False, n_ctx: int = 4096, cache_reuse: int = 0) -> Engine:
     """A fake pair whose vocabulary has FIM tokens (`alphabet`: one character a token, line breaks and
@@ -89,6 +98,23 @@ def test_infill_answers_llama_vims_request_with_the_fields_it_reads(served):
     assert set(body) == set(VIM_FIELDS)  # flattened: each path is a key, nothing else
     assert isinstance(body["content"], str) and body["timings/predicted_n"] > 0
     assert body["timings/prompt_n"] + body["tokens_cached"] > 0 and body["truncated"] is False
+
+
+def test_infill_answers_llama_vscodes_requests(served):
+    """Its warm-up reads the prompt its completion then reuses; the completion asks n_cmpl 3 and reads a list
+    of objects with `content` (one after another here, each on its own seed)."""
+    eng = fim_engine()
+    c = served(eng)
+    warm = c.post("/infill", json=CODE_WARMUP)
+    assert warm.status_code == 200 and warm.json()["tokens_predicted"] == 0 and warm.json()["content"] == ""
+    r = c.post("/infill", json={**CODE_INFILL, "seed": 5})
+    assert r.status_code == 200, r.text
+    answers = r.json()
+    assert [a["index"] for a in answers] == [0, 1, 2] and all(isinstance(a["content"], str) for a in answers)
+    n = answers[0]["tokens_evaluated"]
+    assert answers[0]["tokens_cached"] == n - 1  # the warm-up read all of it but the last token
+    one = c.post("/infill", json={**CODE_INFILL, "n_cmpl": 1, "seed": 6}).json()
+    assert one["content"] == answers[1]["content"]  # the second answer's seed is seed + 1
 
 
 def test_infill_is_the_engines_answer_over_the_layout(served):
@@ -263,6 +289,8 @@ BAD = [
     ("/infill", {"input_prefix": 1, "input_suffix": ""}, "input_prefix"),
     ("/infill", {"input_prefix": "", "input_suffix": "", "top_p": 0}, "top_p"),
     ("/infill", {"input_prefix": "", "input_suffix": "", "mode": "fast"}, "mode"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "n_cmpl": 2, "stream": True}, "n_cmpl"),
     ("/completion", {"n_predict": 3}, "prompt"),
     ("/completion", {"prompt": [1, 99]}, "prompt"),
     ("/completion", {"prompt": ""}, "prompt"),
