@@ -12,7 +12,9 @@ The pieces are cut to fit as llama-server cuts them, in tokens, with the engine'
   - the prefix keeps at most 3/4 of n_batch, from its end (the lines nearest the cursor);
   - the suffix at most n_batch/4 - 2 - len(prompt), from its start;
   - the extra context what is left of n_ctx - n_batch - 2 * n_predict, from its end: the oldest chunks
-    (the first ones) go first, the first kept one may start mid-chunk (as in llama-server).
+    (the first ones) go first, the first kept one may start mid-chunk (as in llama-server); and never
+    more than leaves the answer room in the context (n_predict tokens, at least one: llama-server's
+    sum can pass n_ctx by a token or two when n_predict is 0 or -1, an editor's warm-up).
 One difference: where the vocabulary adds a start token, it opens the prompt here; llama-server puts it
 between the extra context and the prefix. (Qwen2.5-Coder adds none, so both read the same tokens there.)
 
@@ -82,10 +84,11 @@ def layout(model: BackendModel, prefix: str, suffix: str, *, prompt: str = "", e
     pre, suf, mid = text(prefix), text(suffix), text(prompt)
     n_pre = min(len(pre), 3 * (n_batch // 4))
     n_suf = min(len(suf), max(0, n_batch // 4 - (2 + len(mid))))
-    n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra_tokens))
     start = [t for t in model.tokenize("", add_special=True, parse_special=False) if not model.is_eog(t)]
-    tokens = (start + extra_tokens[len(extra_tokens) - n_extra:] + [fim.pre] + pre[len(pre) - n_pre:] + mid
-              + [fim.suf] + suf[:n_suf] + [fim.mid])
+    local = [fim.pre] + pre[len(pre) - n_pre:] + mid + [fim.suf] + suf[:n_suf] + [fim.mid]
+    room = n_ctx - len(start) - len(local) - max(n_predict, 1)
+    n_extra = max(0, min(n_ctx - n_batch - 2 * n_predict, room, len(extra_tokens)))
+    tokens = start + extra_tokens[len(extra_tokens) - n_extra:] + local
     cut = n_pre < len(pre) or n_suf < len(suf) or n_extra < len(extra_tokens)
     return InfillPrompt(tuple(tokens), n_pre, n_suf, n_extra, cut)
 

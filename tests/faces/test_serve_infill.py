@@ -157,6 +157,17 @@ def test_the_warm_up_reads_the_prompt_and_the_next_request_reuses_it(served):
     assert again == {"tokens_cached": shared, "timings/prompt_n": len(warm.tokens) - shared, "stop_type": "limit"}
 
 
+def test_a_warm_up_with_more_context_than_fits_is_cut_to_fit(served):
+    """llama.vim's ring of 16 chunks of 64 lines is more than a small context holds: the oldest go, and the
+    warm-up still fits with room for an answer's first token (not a 400)."""
+    c = served(fim_engine(n_ctx=1024))  # n_batch 512: prefix and suffix take up to 513 of it
+    ring = [{"text": f"chunk {i}\n" * 200, "time": float(i), "filename": f"f{i}.py"} for i in range(16)]
+    r = c.post("/infill", json={**VIM_WARMUP, "input_prefix": "a" * 600, "input_suffix": "b" * 300,
+                                "input_extra": ring, "response_fields": ["truncated", "tokens_evaluated"]})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"truncated": True, "tokens_evaluated": 1023}
+
+
 def test_a_warm_up_reads_with_every_core(served):
     """Where threads follow the mode (no -t/-td), the target reads a warm-up alone: mode ar's split, every
     core (2 here), not what the last generation's mode left it (ssd's 1)."""

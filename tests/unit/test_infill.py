@@ -41,6 +41,16 @@ def test_the_layout_cuts_as_llama_server_does():
                                                *m.tokenize(suffix[:1]), FIM.mid])
 
 
+def test_the_extra_context_leaves_the_answer_room():
+    """With n_predict 0 (a warm-up) llama-server's budget, n_ctx - n_batch, plus a full prefix and suffix would
+    pass n_ctx by a token: the extra context gives way, so that the prompt fits with room for one token."""
+    m = FakeModel(fim=True)
+    got = layout(m, "p" * 200, "s" * 200, extra=[Chunk("x" * 500)], n_batch=64, n_ctx=128, n_predict=0)
+    assert (got.n_prefix, got.n_suffix) == (48, 14) and len(got.tokens) == 127 and got.n_extra == 127 - 65
+    got = layout(m, "p" * 200, "s" * 200, extra=[Chunk("x" * 500)], n_batch=64, n_ctx=128, n_predict=10)
+    assert got.n_extra == 128 - 64 - 20 and len(got.tokens) + 10 <= 128
+
+
 def test_a_model_without_fim_tokens_cannot_lay_one_out():
     with pytest.raises(ConfigError, match="has no fill-in-the-middle tokens"):
         layout(FakeModel(), "a", "b")
