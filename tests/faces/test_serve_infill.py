@@ -266,6 +266,34 @@ def test_completion_takes_a_string_or_token_ids(served):
         "content": ref.text, "timings/predicted_n": 10}
 
 
+def test_completion_in_continues_llama_cpp_shape(served):
+    """Continue's llama.cpp provider (core/llm/llms/LlamaCpp.ts): a templated prompt, streamed, its options
+    under llama-server's names; it reads each event's `content`, and sends `Authorization: Bearer undefined`
+    when no key is set."""
+    eng = fim_engine()
+    ids = eng.tokenize("<pre>def f(<suf>):<mid>", parse_special=True)
+    ref = own(eng, ids, 12, mode="auto", stop=["\n\n"])
+    c = served(eng)
+    body = {"prompt": "<pre>def f(<suf>):<mid>", "stream": True, "n_predict": 12, "frequency_penalty": 0,
+            "presence_penalty": 0, "min_p": 0.05, "stop": ["\n\n"], "top_k": 40, "top_p": 0.95, "temperature": 0}
+    r = c.post("/completion", json=body, headers={"Authorization": "Bearer undefined"})
+    events = sse(r.text)
+    assert "".join(e["content"] for e in events) == ref.text and events[-1]["stop"] is True
+
+
+@pytest.mark.parametrize("seed", [7, 2**64 - 1])
+def test_completion_in_tabbys_llama_cpp_shape(served, seed):
+    """Tabby's llama.cpp binding (crates/http-api-bindings/src/completion/llama.rs): a u64 seed, streamed; it
+    reads each event's `content` and `stop`, and stops at the first with `stop` true."""
+    c = served(fim_engine())
+    body = {"seed": seed, "prompt": "<pre>def f(<suf>):<mid>", "n_predict": 12, "temperature": 0.2, "stream": True,
+            "penalty_last_n": 0, "presence_penalty": 0.0}
+    events = sse(c.post("/completion", json=body).text)
+    assert all(set(e) >= {"content", "stop"} for e in events) and [e["stop"] for e in events][-1] is True
+    whole = c.post("/completion", json={**body, "stream": False}).json()
+    assert "".join(e["content"] for e in events) == whole["content"] and whole["tokens_predicted"] == 12
+
+
 def test_v1_completions_with_a_suffix_fills_in_the_middle(served):
     eng = fim_engine()
     laid = layout(eng.target, "def f(", "):\n", n_batch=512, n_ctx=4096, n_predict=12)
