@@ -357,7 +357,7 @@ def test_a_model_without_fim_tokens_is_a_400_saying_so(served):
 
 # ---------------------------------------------------------------- a client that goes away
 
-def test_a_dropped_infill_stops_its_generation(served):
+def test_a_dropped_infill_stops_its_generation():
     srv = Live(create_app(fim_engine(delay=0.01), model_id="fake"))
     try:
         with pytest.raises(httpx.ReadTimeout):  # 900 tokens in mode ar would take 9 s
@@ -371,7 +371,7 @@ def test_a_dropped_infill_stops_its_generation(served):
         srv.stop()
 
 
-def test_a_dropped_warm_up_stops_between_prompt_batches(served):
+def test_a_dropped_warm_up_stops_between_prompt_batches():
     srv = Live(create_app(fim_engine(delay=0.05), model_id="fake"))  # 64 tokens a batch, 50 ms each
     try:
         long = [{"text": "x" * 1500, "filename": "big.py"}]  # ~24 batches: over a second
@@ -380,5 +380,21 @@ def test_a_dropped_warm_up_stops_between_prompt_batches(served):
         wait_until(lambda: not srv.scheduler.busy)
         assert metric(srv.metrics(), "ssd_edge_generations_total", reason="cancelled") == 1
         assert srv.app.state.api.engine.target_ctx.decodes < 20  # stopped well before the prompt's end
+    finally:
+        srv.stop()
+
+
+def test_a_stream_dropped_mid_answer_stops_its_generation():
+    srv = Live(create_app(fim_engine(delay=0.01), model_id="fake"))
+    try:
+        with httpx.Client(timeout=30) as client:
+            with client.stream("POST", srv.url + "/infill", json={"input_prefix": "a", "input_suffix": "b",
+                                                                  "n_predict": 900, "mode": "ar", "stream": True}) as r:
+                first = next(line for line in r.iter_lines() if line.startswith("data:"))
+        assert '"stop": false' in first  # one chunk read, then the connection closed
+        wait_until(lambda: not srv.scheduler.busy)
+        m = srv.metrics()
+        assert metric(m, "ssd_edge_generations_total", reason="cancelled") == 1
+        assert metric(m, "ssd_edge_completion_tokens_total") < 900
     finally:
         srv.stop()
