@@ -76,6 +76,11 @@ class Editors:
                       param: str) -> Response:
         api = self.api
         shape = api.shape(req, None)
+        own = req.constraint()
+        if own is not None:
+            if shape.constraint is not None:
+                raise bad_request("response_format: give it or json_schema / grammar, not both", "response_format")
+            shape = replace(shape, constraint=own)
         if shape.constraint is not None:
             await api.compile(shape)
         works = [replace(w, stop=[*w.stop, *req.rules()], max_tokens=0 if req.n_predict == 0 else w.max_tokens)

@@ -13,6 +13,7 @@ temperature, top_k, top_p, min_p, seed, stream, mode, ...):
                      the same tokens; the other llama.cpp names (penalties, dry, typ_p, xtc, top_n_sigma) are
                      accepted: at their defaults they change nothing
   cache_prompt, id_slot   accepted: one slot, whose cache every request reuses (its longest common prefix)
+  json_schema, grammar   the answer held to a JSON schema or a GBNF grammar (as response_format is)
   response_fields    ["content", "timings/prompt_n", ...]: only these, each under its path as the key
   n_cmpl             answers (llama.vscode asks 3): made one after another, on seeds seed, seed + 1, ...,
                      answered as a list of objects (one answer: the object itself)
@@ -30,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..events import FinishEvent, Prefilled
 from ..stops import IndentLimit, StopRule, TimeLimit
+from ..structured import Constraint, Grammar, JsonSchema
 from .protocol import MAX_N, GenerationFields, bad_request
 from .reply import speculation
 
@@ -64,6 +66,8 @@ class LlamaFields(GenerationFields):
     id_slot: int = -1
     response_fields: list[str] | None = None
     n_cmpl: int = 1
+    json_schema: dict[str, Any] | None = None  # llama-server's own constraint fields (beside response_format)
+    grammar: str | None = None                 # GBNF
 
     @field_validator("model")
     @classmethod
@@ -101,6 +105,14 @@ class LlamaFields(GenerationFields):
             for name, value in OFF.items():
                 if name not in used:
                     setattr(self, name, value)
+
+    def constraint(self) -> Constraint | None:
+        """llama-server's json_schema or grammar (GBNF) field as a constraint (structured/), None if neither."""
+        if self.json_schema is not None and self.grammar:
+            raise bad_request("grammar: give json_schema or grammar, not both", "grammar")
+        if self.json_schema is not None:
+            return JsonSchema(self.json_schema, field="json_schema")
+        return Grammar(self.grammar, "gbnf", field="grammar") if self.grammar else None
 
     def limit(self) -> int | None:
         """The answer's length; None: no limit of its own (0, the warm-up, is the caller's to handle)."""

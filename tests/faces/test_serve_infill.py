@@ -293,6 +293,21 @@ def test_completion_in_tabbys_llama_cpp_shape(served, seed):
     assert "".join(e["content"] for e in events) == whole["content"] and whole["tokens_predicted"] == 12
 
 
+def test_completion_holds_to_llama_servers_json_schema_and_grammar_fields(served):
+    import json
+    import re
+
+    c = served(fim_engine(alphabet=True))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    r = c.post("/completion", json={"prompt": "ab", "n_predict": 40, "json_schema": schema}).json()
+    assert isinstance(json.loads(r["content"])["a"], int) and r["stop_type"] == "eos"
+    r = c.post("/completion", json={"prompt": "ab", "n_predict": 8, "grammar": 'root ::= "ab" [0-9]+'}).json()
+    assert re.fullmatch(r"ab[0-9]+", r["content"]), r["content"]
+    bad = c.post("/completion", json={"prompt": "ab", "grammar": "root ::= ("})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "grammar"
+
+
 def test_v1_completions_with_a_suffix_fills_in_the_middle(served):
     eng = fim_engine()
     laid = layout(eng.target, "def f(", "):\n", n_batch=512, n_ctx=4096, n_predict=12)
