@@ -44,6 +44,12 @@ SAMPLERS: dict[str, str | None] = {
     "typical-p": None, "typical": None, "typ": None, "xtc": None, "top_n_sigma": None,
 }
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}  # a filter left out of `samplers`
+# llama-server's other sampling fields: accepted at the values that change nothing, else a 400 naming them
+# (dropped silently, they would change the answer without a word)
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "repeat_penalty": (1, 1.0), "mirostat": (0,), "typical_p": (1, 1.0), "dry_multiplier": (0, 0.0),
+    "xtc_probability": (0, 0.0), "top_n_sigma": (-1, -1.0), "ignore_eos": (False,), "n_probs": (0,),
+}
 
 
 class Extra(BaseModel):
@@ -55,7 +61,9 @@ class Extra(BaseModel):
 
 
 class LlamaFields(GenerationFields):
-    """The fields /infill and /completion share."""
+    """The fields /infill and /completion share (others llama-server knows are read as NEUTRAL says)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     n_predict: int = -1
     n_indent: int = 0
@@ -84,6 +92,11 @@ class LlamaFields(GenerationFields):
         if self.n_cmpl > 1 and self.stream:
             raise bad_request("n_cmpl: one answer when streaming", "n_cmpl")
         self.n = self.n_cmpl  # (OpenAI's n is not these endpoints' field: n_cmpl is)
+        for name, neutral in NEUTRAL.items():
+            value = (self.model_extra or {}).get(name)
+            same_kind = isinstance(value, bool) == isinstance(neutral[0], bool)  # (True == 1 in Python)
+            if value is not None and not (same_kind and value in neutral):
+                raise bad_request(f"{name}: not supported here; only {neutral[0]!r} (no effect), got {value!r}", name)
         super().refused()
         if self.n_predict < -1:
             raise bad_request(f"n_predict: -1 (no limit), 0 (read the prompt only) or a number of tokens, got "

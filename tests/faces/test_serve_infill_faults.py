@@ -31,6 +31,10 @@ BAD = [
     ("/infill", {"input_prefix": "", "input_suffix": "", "mode": "fast"}, "mode"),
     ("/infill", {"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
     ("/infill", {"input_prefix": "", "input_suffix": "", "n_cmpl": 2, "stream": True}, "n_cmpl"),
+    ("/completion", {"prompt": "a", "repeat_penalty": 1.1}, "repeat_penalty"),
+    ("/completion", {"prompt": "a", "mirostat": 2}, "mirostat"),
+    ("/completion", {"prompt": "a", "ignore_eos": True}, "ignore_eos"),
+    ("/infill", {"input_prefix": "", "input_suffix": "", "n_probs": 5}, "n_probs"),
     ("/completion", {"n_predict": 3}, "prompt"),
     ("/completion", {"prompt": [1, 99]}, "prompt"),
     ("/completion", {"prompt": ""}, "prompt"),
@@ -45,6 +49,13 @@ def test_each_bad_field_is_a_400_naming_it_and_the_server_goes_on(served, path, 
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
     assert c.post("/infill", json={"input_prefix": "a", "input_suffix": "b", "n_predict": 2}).status_code == 200
+
+
+def test_llama_servers_other_fields_pass_at_their_neutral_values(served):
+    c = served(fim_engine())
+    neutral = {"repeat_penalty": 1.0, "mirostat": 0, "typical_p": 1, "dry_multiplier": 0.0, "xtc_probability": 0,
+               "top_n_sigma": -1, "ignore_eos": False, "n_probs": 0, "penalty_last_n": 0, "mirostat_tau": 5.0}
+    assert c.post("/completion", json={"prompt": "a", "n_predict": 2, **neutral}).status_code == 200
 
 
 def test_a_model_without_fim_tokens_is_a_400_saying_so(served):
