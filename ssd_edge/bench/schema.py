@@ -124,6 +124,9 @@ class RunRecord(BaseModel):
     host_by_worker: dict[str, list[float]] = Field(default_factory=dict, description="by what the pre-speculation "
                                                    "worker did beside a round's verify (alone, branch, tree): "
                                                    "[host seconds, positions] (Stats.host_by_worker)")
+    threads: list[dict[str, Any]] = Field(default_factory=list, description="the thread splits its rounds ran at: "
+                                          "[{target, draft, rounds, steps, ms_per_step}] (Stats.threads: plain "
+                                          "steps after the prompt's, and their mean decode ms)")
     peak_rss_mib: float
     memory: dict[str, int] | None = Field(default=None, description="bytes by part at the end of the run "
                                           "(memory.MemoryUse.to_dict: weights, KV and compute buffers by model, "

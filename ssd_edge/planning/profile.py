@@ -93,6 +93,11 @@ class Profile(BaseModel):
     acceptance: Acceptance
     calibration_s: float = 0.0
     load_avg: float | None = Field(default=None, description="1-minute load average when calibration began")
+    busy_cores: float | None = Field(default=None, description="cores other work kept busy while it measured "
+                                     "(the most of the readings before and after the decodes)")
+    provisional: bool = Field(default=False, description="measured while other work ran (busy cores, or one-token "
+                              "steps slower on more threads after measuring again): used, and measured again at "
+                              "the next first use on a quiet machine")
     memory: dict[str, int] | None = Field(default=None, description="bytes by part while calibrating, both "
                                           "models loaded (memory.MemoryUse.to_dict), and the context's size")
     offload: str = Field(default="", description="the GPU offload it was measured at (offload_of; '' none): "
