@@ -62,7 +62,7 @@ class MachineInfo(BaseModel):
     load_avg_start: tuple[float, float, float]
     load_avg_end: tuple[float, float, float] | None = None
     native: str | None = Field(default=None, description="the path that read rows and drew tokens: 'c' "
-                               "(ssd_edge/native.c built) or 'numpy' (the same tokens, slower)")
+                               "(ssd_edge.native built) or 'numpy' (the same tokens, slower)")
     priced: str | None = Field(default=None, description="the price table a priced run waited on (`--priced`): "
                                "the models were synthetic and no GPU ran; None: real models on this machine")
 
