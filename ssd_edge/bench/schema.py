@@ -238,6 +238,27 @@ class BenchResult(BaseModel):
     notes: list[str]
 
 
+# ---------------------------------------------------------------- a run as docs/bench commits it
+
+DOCS_COPY = ("docs copy (schema.summary_only): the records of each generation (runs, and the peer's runs: "
+             "timings, per-token latencies, acceptance, auto's planner records) were taken out to keep docs/ "
+             "small; bench.md and bench.png were made from the whole file, and the summary rows, goals and "
+             "every other field are as the run wrote them")
+
+
+def summary_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A bench.json's data as docs/bench commits it, beside the bench.md and plot made from the whole: the
+    records of each generation (runs, peer.runs) dropped, a note saying so; the summary rows, the goals,
+    the machine, models, options, settings, prompts and profile kept as they are. The data is the file as
+    read (json), not through the model, so a field an older schema wrote stays. The same data again where
+    it is such a copy already. The copy still reads as a BenchResult (ValueError if not)."""
+    notes = list(data.get("notes", []))
+    out = {**data, "runs": [], "peer": {**data.get("peer", {}), "runs": []},
+           "notes": notes if DOCS_COPY in notes else [*notes, DOCS_COPY]}
+    BenchResult.model_validate(out)
+    return out
+
+
 # ---------------------------------------------------------------- reading a result (report.py, plot.py)
 
 ALL = "all"  # the summary's category of every prompt
