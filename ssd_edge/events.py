@@ -240,7 +240,7 @@ class Stats:
     in_decode_s: float = 0.0
     positions: int = 0
     host_ms_per_position: float | None = None
-    native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge/native.c), "numpy"
+    native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge.native), "numpy"
     forced: int = 0                     # tokens the answer's grammar forced, proposed without a model (structured output)
     # the host's share split by what the worker did beside each round's verify (metrics.WORKER_BESIDE:
     # alone, branch, tree): (host seconds, positions) where such rounds ran; what a tree costs the engine
