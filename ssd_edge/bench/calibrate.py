@@ -154,6 +154,7 @@ def model_id(engine: Engine, role: int) -> prof.ModelId | None:
 
 
 BUSY_CORES = 0.5  # other work keeping this much of a core busy makes a measurement provisional
+PROVISIONAL_RETRY_S = 900  # a provisional profile is measured again no sooner than this after the last try
 RECHECKS = 2  # one-token steps slower on more threads: measured again this many times before it is believed
 
 
@@ -270,14 +271,16 @@ FIRST_USE = dict(reps=1, probe_tokens=24, pairs=5)
 
 def needs_first_use(engine: Engine) -> bool:
     """Whether mode auto would run on this engine's pair without a profile of this device, or with a
-    provisional one (measured while other work ran) now that the machine is quiet."""
+    provisional one (measured while other work ran) now that the machine is quiet, and the last
+    measurement is PROVISIONAL_RETRY_S old: a machine whose other work comes and goes is not
+    measured again at every start (live timings steer the threads meanwhile: planning/threads.py)."""
     if not engine.plans_with_profile:
         return False
     try:
         saved = prof.load(*engine.model_paths, prof.offload_of(engine.config))
     except OSError:  # a model without a file (the tests' fakes)
         return False
-    return saved is None or (saved.provisional and busy_cores() < BUSY_CORES)
+    return saved is None or (saved.provisional and saved.age_s() >= PROVISIONAL_RETRY_S and busy_cores() < BUSY_CORES)
 
 
 def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> prof.Profile:

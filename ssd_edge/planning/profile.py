@@ -104,6 +104,12 @@ class Profile(BaseModel):
                          "another offload is another profile")
 
     # ------------------------------------------------------------ reading
+    def age_s(self) -> float:
+        """Seconds since it was measured (created)."""
+        import datetime as dt
+
+        return (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(self.created)).total_seconds()
+
     def at(self, target_threads: int, draft_threads: int | None = None) -> ThreadCosts | None:
         """The costs measured with the target at `target_threads` (and the draft at `draft_threads`)."""
         return next((c for c in self.costs if c.target_threads == target_threads

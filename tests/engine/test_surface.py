@@ -117,7 +117,9 @@ def test_calibrate_beside_other_work_saves_a_provisional_profile_measured_again_
     assert "measured again" in calibrate.provisional_text(p)
     busy[0] = 1.0  # still busy: the provisional profile serves, nothing is measured
     assert not calibrate.needs_first_use(eng)
-    busy[0] = 0.0  # quiet now: measured again, and on a quiet machine the profile is a full one
+    busy[0] = 0.0  # quiet now, but just measured: not at every start
+    assert not calibrate.needs_first_use(eng)
+    monkeypatch.setattr(calibrate, "PROVISIONAL_RETRY_S", 0.0)  # quiet, and long enough ago: measured again
     assert calibrate.needs_first_use(eng)
     for ctx in (target_ctx, draft_ctx):
         ctx.decode_delay = lambda n, ctx=ctx: (0.002 if ctx.threads >= 2 else 0.004) * (1 + 0.2 * n)
