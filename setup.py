@@ -1,10 +1,15 @@
-"""The one compiled part of ssd-edge: ssd_edge/native.c (a logit row's k largest in one pass; the priced
-backend's busy wait). Optional: where it does not build, sampling.top_ids takes its numpy path (the same
-ids, slower) and the priced backend sleeps. Everything else is in pyproject.toml."""
+"""The one compiled part of ssd-edge: the module ssd_edge.native, built from ssd_edge/csrc/ (a logit row's k
+largest in one pass, the sampling chain and the coupled draw, mode ar's plain steps in one call, the priced
+backend's busy wait; csrc/native.h says which file does what). Optional: where it does not build,
+sampling.top_ids takes its numpy path (the same ids, slower) and the priced backend sleeps. Everything else
+is in pyproject.toml."""
 
 import sys
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("ssd_edge.native", ["ssd_edge/native.c"], optional=True,
+CSRC = "ssd_edge/csrc"
+SOURCES = [f"{CSRC}/{name}.c" for name in ("module", "rows", "draws", "steps", "row_hook", "priced")]
+
+setup(ext_modules=[Extension("ssd_edge.native", SOURCES, depends=[f"{CSRC}/native.h"], optional=True,
                              extra_compile_args=[] if sys.platform == "win32" else ["-O3"])])

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/ab_seed.py --base 466468b -m qwen2.5-coder-1.5b --modes ar,sd,auto --temps 0,1 \\
         -n 96 --reps 2 -o ab.jsonl
 
-The base revision is checked out into a git worktree, its own ssd_edge/native.c compiled there, and run
+The base revision is checked out into a git worktree, its own ssd_edge.native compiled there, and run
 from there (PYTHONPATH), this checkout as it is beside it: one process per version and pass, loading
 the pair once and running every mode and temperature on the same chat prompts and seed, the two
 versions in turn (the order swapped every other pass, so a warm or a loaded machine favours neither). Prints a markdown table of decode tokens/s
@@ -31,18 +31,20 @@ PROMPTS = [[{"role": "user", "content": "Write a Python function that merges two
 
 
 def build_native(tree: Path) -> None:
-    """The base's own compiled part (ssd_edge/native.c) built into its worktree. Without it the base would
-    not run on numpy's paths but on this checkout's library: the editable install maps ssd_edge.native
-    to it wherever the package itself comes from, so a change to native.c would be on both sides."""
-    source = tree / "ssd_edge" / "native.c"
-    if not source.exists():
+    """The base's own compiled part (ssd_edge.native: its ssd_edge/csrc/*.c, or ssd_edge/native.c before
+    the split) built into its worktree. Without it the base would not run on numpy's paths but on this
+    checkout's library: the editable install maps ssd_edge.native to it wherever the package itself comes
+    from, so a change to the C would be on both sides."""
+    sources = sorted((tree / "ssd_edge" / "csrc").glob("*.c")) or \
+        [p for p in [tree / "ssd_edge" / "native.c"] if p.exists()]
+    if not sources:
         return  # a base from before the compiled part
-    target = source.with_name("native" + sysconfig.get_config_var("EXT_SUFFIX"))
+    target = tree / "ssd_edge" / ("native" + sysconfig.get_config_var("EXT_SUFFIX"))
     cc = (sysconfig.get_config_var("CC") or "cc").split()
-    done = subprocess.run([*cc, "-O3", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(source),
-                           "-o", str(target), "-lm"], capture_output=True, text=True)
+    done = subprocess.run([*cc, "-O3", "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}",
+                           *map(str, sources), "-o", str(target), "-lm"], capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"the base's ssd_edge/native.c did not build:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"the base's ssd_edge.native did not build:\n{done.stderr[-2000:]}")
 
 
 def run_version(args: argparse.Namespace, tag: str) -> None:

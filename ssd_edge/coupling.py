@@ -113,7 +113,7 @@ def head_draws(heads: Heads, s: SamplingConfig, seed: int, positions: Sequence[i
     of them: argmax log p + G over each head's sampling distribution. The draw from the whole row where
     the head is wider than top-k (sampling.head_width), up to the last bit of the arithmetic."""
     w = heads.ids.shape[1]
-    if compiled_head_draws is not None and 0 < s.top_k < w:  # the same in C, one call (ssd_edge/native.c)
+    if compiled_head_draws is not None and 0 < s.top_k < w:  # the same in C, one call (ssd_edge/csrc/draws.c)
         got = compiled_head_draws(np.ascontiguousarray(heads.ids), np.ascontiguousarray(heads.logits), w, s.top_k,
                                   s.top_p, s.min_p, s.temperature, int(seed) % (1 << 64),
                                   np.asarray(positions, np.int64))
@@ -145,7 +145,7 @@ class RowHook(Protocol):
     """What may change a logit row before its draw, before top-k (structured output's grammar mask,
     penalties, a logit bias): called with the row and the drawn token's position, it changes the row in
     place. native: its form for native.steps's C loop, (a C function's address, its user pointer) and
-    optionally (the address of the int32 mask it fills, its words), with native.c's row_hook_fn
+    optionally (the address of the int32 mask it fills, its words), with native.h's row_hook_fn
     signature (it returns 1 where the C loop is to draw under that mask); None where only Python can
     run it (plain steps then go a round at a time)."""
 

@@ -31,7 +31,7 @@ from .coupling import Draws, fresh_seed
 from .errors import ConfigError, ContextFullError
 from .events import FinishEvent, Round, Stats, StopReason, TokenEvent, TokenLogprob
 from .generation import Generation
-from .llama.kvseq import Cancelled
+from .llama.kvseq import Cancelled, KVSeq
 from .metrics import Ema, Meter
 from .pair import Pair
 from .planning import rounds as planned
@@ -86,6 +86,7 @@ class Engine(Pair):
         self._profile_looked_up = False
         self._step_ms: dict[int, Ema] = {}  # target threads -> ms of a plain target step, over generations
         self._trees: dict[str, Any] = {}  # mode -> its TreeChoice: whether SSD's tree pays here, over generations
+        self.thread_choice = planned.ThreadChoice()  # the target's threads for plain steps, by live timings
 
     def uses_draft(self, mode: str | None = None) -> bool:
         """Whether a generation in `mode` may draft with the draft model: sd and ssd always, ar and
@@ -221,6 +222,8 @@ class Engine(Pair):
         if cfg.threads_follow_mode:
             cfg = planned.threads_for(mode, cfg, self.has_draft, self.auto_profile() if mode == "auto" else None)
         self.use_threads(cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None)
+        live = planned.live_threads(self.thread_choice, mode, cfg, self.draft is not None, self.use_threads)
+        at = live.now
         meter = Meter(mode, planned.caps(mode, cfg.spec.k)[0], cfg.prespec.budget_cells if mode in ("ssd", "auto") else 0)
         meter.n_prompt, meter.cell_bytes, meter.state = len(prompt), self.draft_cell_bytes, mode
         gen = Generation(self.target, prompt, max_tokens, cfg.n_ctx, stop, cancel, s,
@@ -232,12 +235,17 @@ class Engine(Pair):
                 t_round = time.perf_counter()
                 remaining = gen.remaining
                 prop = rounds.propose(gen.history, min(gen.room, remaining) - 1, remaining)
-                done = self._plain_run(gen, prop, t_round) if prop.run_s else None
+                alone = not prop.draft.tokens and len(gen.history) > gen.n_prompt and (prop.run_s or rounds.worker is None)
+                at = live.before(plain=bool(alone)) if live.choice else at  # (plain steps, nothing beside them)
+                done = _plain_run(self.target_kv, gen, prop, t_round, at) if prop.run_s else None
                 if done is None:  # a round verified the usual way (a plain run the target cannot make: no more)
                     rounds.runs = rounds.runs and not prop.run_s
-                    done = self._verify(gen, rounds, prop, t_round)
+                    done = _verify_round(self.target_kv, gen, rounds, prop, t_round, at)
+                rnd, kept = done
+                if live.choice and rnd.index and not rnd.drafted and not rounds.busy:  # plain steps after the prompt's
+                    live.after(at, rnd.steps, rnd.verify_ms)
                 meter.state = rounds.state
-                yield gen.event(*done)
+                yield gen.event(rnd, kept)
         except Cancelled:
             gen.reason = "cancelled"
         except ContextFullError as e:
@@ -248,52 +256,57 @@ class Engine(Pair):
                                      draft_load_s=draft_load_s, memory=self.memory().to_dict(),
                                      devices=self.devices(), native=native_path()))
 
-    def _verify(self, gen: Generation, rounds: planned.Rounds, prop: planned.Proposal, t_round: float
-                ) -> tuple[Round, list[int]]:
-        """The target verifies the proposal's draft after the history in one batch: its draws (argmax,
-        or coupled Gumbel-max over each row's candidates when sampling: coupling.py) are made as
-        verify() reads them, and a drafted token is accepted iff it equals the draw at its position.
-        The round, and its tokens the answer keeps."""
-        draft, history, meter = prop.draft, gen.history, gen.meter
-        t_verify = time.perf_counter()
-        rounds.verifying(history, draft)
-        if gen.rows is not None:
-            gen.rows.round(draft.tokens)  # its rows follow the history, then the draft
-        rows = self.target_kv.feed(history + list(draft.tokens), len(draft) + 1, gen.cancel.is_set)
-        verify_s = time.perf_counter() - t_verify
-        meter.target_busy_s += verify_s
-        if not draft.tokens and len(history) > gen.n_prompt and not rounds.busy:  # a plain step, after the prompt, alone
-            gen.step_ms.add(verify_s * 1e3)
-        a, b = verify(draft.tokens, Draws(rows, gen.drawer, len(history)))
-        meter.first_token()
-        tokens = (*draft.tokens[:a], b)
-        kept = gen.commit(tokens)
-        wall_ms = (time.perf_counter() - t_round) * 1e3
-        rounds.observe(prop, history, a, verify_s, wall_ms / (a + 1), rows[:a + 1])
-        f = min(prop.forced, a)  # accepted tokens a grammar forced: the draft's first
-        return Round(len(meter.rounds), rounds.served, prop.speculator, prop.prespec, len(draft), a, wall_ms,
-                     verify_s * 1e3, (t_verify - t_round) * 1e3, tokens,
-                     ("grammar",) * f + (PROVENANCE.get(prop.speculator, prop.speculator),) * (a - f) + ("target",),
-                     beside=rounds.beside), kept
 
-    def _plain_run(self, gen: Generation, prop: planned.Proposal, t_round: float
-                   ) -> tuple[Round, list[int]] | None:
-        """Plain steps after the history in one call of the target's context, for about prop.run_s
-        (KVSeq.steps), at most the room the context and the answer leave; as one round of as many
-        steps as the answer took (to the one that ended it: an end of generation is drawn, not kept;
-        steps past a stop string ran, and are the history's to forget). None where the context cannot.
-        The tokens are the rounds' own: the same draws from the same rows (native.steps is
-        coupling.Drawer's C path; tests hold the two equal)."""
-        if gen.rows is not None:
-            gen.rows.round()  # the C loop hands its row hook each token it draws
-        got = self.target_kv.steps(gen.history, min(gen.room, gen.remaining), prop.run_s, gen.drawer)
-        if got is None:
-            return None
-        drawn, in_decode_s = got
-        n = len(drawn)
-        gen.meter.target_busy_s += in_decode_s
-        gen.step_ms.add(in_decode_s * 1e3 / n)
-        kept = gen.commit(drawn)
-        made = min(n, len(kept) + (gen.reason == "eos"))
-        return Round(len(gen.meter.rounds), "ar", "none", None, 0, 0, (time.perf_counter() - t_round) * 1e3,
-                     in_decode_s * 1e3, 0.0, tuple(drawn), ("target",) * n, made), kept
+# The target's rounds over a generation, as Engine._run runs them: a proposal verified in one batch, or
+# plain steps in one call of the target's context. Each returns the round as data (events.Round), run at
+# `threads` where the engine set them, and the tokens the answer keeps.
+
+def _verify_round(target_kv: KVSeq, gen: Generation, rounds: planned.Rounds, prop: planned.Proposal, t_round: float,
+                  threads: tuple[int, int | None] | None) -> tuple[Round, list[int]]:
+    """The target verifies the proposal's draft after the history in one batch: its draws (argmax,
+    or coupled Gumbel-max over each row's candidates when sampling: coupling.py) are made as
+    verify() reads them, and a drafted token is accepted iff it equals the draw at its position."""
+    draft, history, meter = prop.draft, gen.history, gen.meter
+    t_verify = time.perf_counter()
+    rounds.verifying(history, draft)
+    if gen.rows is not None:
+        gen.rows.round(draft.tokens)  # its rows follow the history, then the draft
+    rows = target_kv.feed(history + list(draft.tokens), len(draft) + 1, gen.cancel.is_set)
+    verify_s = time.perf_counter() - t_verify
+    meter.target_busy_s += verify_s
+    if not draft.tokens and len(history) > gen.n_prompt and not rounds.busy:  # a plain step, after the prompt, alone
+        gen.step_ms.add(verify_s * 1e3)
+    a, b = verify(draft.tokens, Draws(rows, gen.drawer, len(history)))
+    meter.first_token()
+    tokens = (*draft.tokens[:a], b)
+    kept = gen.commit(tokens)
+    wall_ms = (time.perf_counter() - t_round) * 1e3
+    rounds.observe(prop, history, a, verify_s, wall_ms / (a + 1), rows[:a + 1])
+    f = min(prop.forced, a)  # accepted tokens a grammar forced: the draft's first
+    return Round(len(meter.rounds), rounds.served, prop.speculator, prop.prespec, len(draft), a, wall_ms,
+                 verify_s * 1e3, (t_verify - t_round) * 1e3, tokens,
+                 ("grammar",) * f + (PROVENANCE.get(prop.speculator, prop.speculator),) * (a - f) + ("target",),
+                 beside=rounds.beside, threads=threads), kept
+
+
+def _plain_run(target_kv: KVSeq, gen: Generation, prop: planned.Proposal, t_round: float,
+               threads: tuple[int, int | None] | None) -> tuple[Round, list[int]] | None:
+    """Plain steps after the history in one call of the target's context, for about prop.run_s
+    (KVSeq.steps), at most the room the context and the answer leave; as one round of as many
+    steps as the answer took (to the one that ended it: an end of generation is drawn, not kept;
+    steps past a stop string ran, and are the history's to forget). None where the context cannot.
+    The tokens are the rounds' own: the same draws from the same rows (native.steps is
+    coupling.Drawer's C path; tests hold the two equal)."""
+    if gen.rows is not None:
+        gen.rows.round()  # the C loop hands its row hook each token it draws
+    got = target_kv.steps(gen.history, min(gen.room, gen.remaining), prop.run_s, gen.drawer)
+    if got is None:
+        return None
+    drawn, in_decode_s = got
+    n = len(drawn)
+    gen.meter.target_busy_s += in_decode_s
+    gen.step_ms.add(in_decode_s * 1e3 / n)
+    kept = gen.commit(drawn)
+    made = min(n, len(kept) + (gen.reason == "eos"))
+    return Round(len(gen.meter.rounds), "ar", "none", None, 0, 0, (time.perf_counter() - t_round) * 1e3,
+                 in_decode_s * 1e3, 0.0, tuple(drawn), ("target",) * n, made, threads=threads), kept

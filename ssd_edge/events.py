@@ -5,7 +5,7 @@ are committed, then exactly one FinishEvent, whose Stats the meter
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal, Mapping
 
@@ -78,6 +78,18 @@ class Round:
     provenance: tuple[Provenance, ...] = ()  # one per token
     steps: int = 1                  # target steps it stands for (a plain run made in one C call: several)
     beside: int = 0                 # branches the pre-speculation worker grew beside its verify (0: none; >1: a tree)
+    threads: tuple[int, int | None] | None = None  # the (target, draft) threads it ran at, where the engine set them
+
+
+@dataclass(frozen=True)
+class ThreadSplit:
+    """Rounds a generation ran at one (target, draft) thread split, and its plain steps' speed there."""
+
+    target: int
+    draft: int | None
+    rounds: int
+    steps: int                      # plain target steps after the prompt's (the ones timed)
+    ms_per_step: float | None       # their mean decode time
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class LiveStats:
     budget_cells: int
     mode: str                       # the requested mode
     state: str                      # what is running now: ar, sd, lookup, ssd, backup, rolled-back, ...
+    threads: tuple[int, int | None] | None = None  # the (target, draft) threads the last round ran at
 
 
 @dataclass(frozen=True)
@@ -227,12 +240,15 @@ class Stats:
     in_decode_s: float = 0.0
     positions: int = 0
     host_ms_per_position: float | None = None
-    native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge/native.c), "numpy"
+    native: str | None = None           # the path that read rows and drew tokens: "c" (ssd_edge.native), "numpy"
     forced: int = 0                     # tokens the answer's grammar forced, proposed without a model (structured output)
     # the host's share split by what the worker did beside each round's verify (metrics.WORKER_BESIDE:
     # alone, branch, tree): (host seconds, positions) where such rounds ran; what a tree costs the engine
     # thread (the interpreter lock the two share) shows as tree's ms per position above alone's
     host_by_worker: Mapping[str, tuple[float, int]] = field(default_factory=dict)
+    # the thread splits the generation's rounds ran at, in the order first used (planning/threads.py:
+    # the target's threads follow live timings where the user gave none)
+    threads: tuple[ThreadSplit, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculators", _frozen(self.speculators))
@@ -260,7 +276,8 @@ class Stats:
         out.update(per_position_acceptance=list(self.per_position_acceptance), prespec=self.prespec.to_dict(),
                    speculators=dict(self.speculators), memory=dict(self.memory) if self.memory is not None else None,
                    devices=dict(self.devices) if self.devices is not None else None,
-                   host_by_worker={w: list(sp) for w, sp in self.host_by_worker.items()})
+                   host_by_worker={w: list(sp) for w, sp in self.host_by_worker.items()},
+                   threads=[asdict(t) for t in self.threads])
         if self.auto is None:
             del out["auto"]
         else:

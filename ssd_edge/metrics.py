@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .events import AutoStats, LiveStats, PrespecStats, Round, Stats, hit_rate_health
+from .events import AutoStats, LiveStats, PrespecStats, Round, Stats, ThreadSplit, hit_rate_health
 from .interface import DECODES
 
 
@@ -149,6 +149,7 @@ class Meter:
         self._decodes = DECODES.here()  # the same totals, read each round (no call into interface.py)
         self._mark = (self.t0, *self.decodes0)  # (time, decode seconds, rows) when the last round was recorded
         self.host_by_worker: dict[str, list[float]] = {}  # WORKER_BESIDE -> [host seconds, positions]
+        self.threads: dict[tuple[int, int | None], list[float]] = {}  # Round.threads -> [rounds, plain steps, their ms]
 
     # ------------------------------------------------------------ recording
     def first_token(self) -> None:
@@ -165,6 +166,12 @@ class Meter:
         tally[0] += (now - t) - (seconds - s0)
         tally[1] += rows - n0
         self._mark = (now, seconds, rows)
+        if r.threads is not None:
+            split = self.threads.setdefault(r.threads, [0, 0, 0.0])
+            split[0] += 1
+            if r.index and not r.drafted:  # plain steps after the prompt's
+                split[1] += r.steps
+                split[2] += r.verify_ms
         self.tokens += emitted
         if "grammar" in r.provenance[:emitted]:
             self.forced += r.provenance[:emitted].count("grammar")
@@ -204,7 +211,8 @@ class Meter:
             tokens=self.tokens, tokens_per_s=self.tokens / wall, acceptance=self.acceptance(),
             hit_rate=self.hit_rate(), draft_util=min(1.0, self.draft_busy.seconds / wall),
             target_util=min(1.0, self.target_busy_s / wall), branch_cells=cells,
-            budget_cells=self.budget_cells, mode=self.mode, state=self.state)
+            budget_cells=self.budget_cells, mode=self.mode, state=self.state,
+            threads=self.rounds[-1].threads if self.rounds else None)
 
     def stats(self, seed: int | None = None, auto: Mapping[str, Any] | None = None,
               draft_load_s: float | None = None, memory: Mapping[str, int] | None = None,
@@ -249,4 +257,6 @@ class Meter:
             first_round_tokens=self.first_round_tokens, draft_load_s=draft_load_s, memory=memory, devices=devices,
             in_decode_s=in_decode_s, positions=positions,
             host_ms_per_position=(wall - in_decode_s) / positions * 1e3 if positions else None, native=native,
-            forced=self.forced, host_by_worker={w: (s, int(n)) for w, (s, n) in self.host_by_worker.items()})
+            forced=self.forced, host_by_worker={w: (s, int(n)) for w, (s, n) in self.host_by_worker.items()},
+            threads=tuple(ThreadSplit(t, d, int(n), int(steps), ms / steps if steps else None)
+                          for (t, d), (n, steps, ms) in self.threads.items()))

@@ -51,7 +51,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "offloaded layers (-ngl; with --rpc it defaults to all); the draft stays here, on a local GPU at most. "
            "No authentication or encryption: trusted networks only (`ssd-edge rpc-server` starts one)", _M),
     Option("threads", ("-t", "--threads"), int, "target threads (default: for ssd, the cores minus the draft's "
-           "share, e.g. 1 of 2; for ar, sd and lookup, all cores)", _R),
+           "share, e.g. 1 of 2; for ar, sd and lookup, all cores; without -t/-td the target's plain steps then "
+           "follow the machine, now and then timing one thread fewer and keeping the faster). Given, they stand", _R),
     Option("threads_draft", ("-td", "--threads-draft"), int, "draft threads (default: for ssd, a third of the "
            "cores, at least 1, since draft and target run at the same time; for sd, all cores, since they take "
            "turns)", _R),

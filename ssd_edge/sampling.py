@@ -1,6 +1,6 @@
 """Logit rows -> the distributions actually sampled from, on each row's candidates.
 
-A row of a 152k vocabulary is read once (top_ids: in C where ssd_edge/native.c is built, else numpy)
+A row of a 152k vocabulary is read once (top_ids: in C where ssd_edge.native is built, else numpy)
 and everything after works on its top-k candidates: support() is the distribution on the tokens it can
 draw, head_probs() the row's 40 likeliest for planning (the draft's candidates, the target's confidence,
 --draft-p-min's probability of the likeliest token: over those 40, not the whole row). top-k 0 (off)
@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover - a build without the extension
 
 
 def native_path() -> str:
-    """Which path reads rows and draws tokens here: "c" where ssd_edge/native.c is built and imports (a
+    """Which path reads rows and draws tokens here: "c" where ssd_edge.native is built and imports (a
     row's top-k, support and head, coupling's draws, a llama Context's plain steps in one call), "numpy"
     where it is not (the same tokens, slower; mode ar then steps one round at a time)."""
     return "numpy" if compiled_top_ids is None else "c"
@@ -70,7 +70,7 @@ class Support(NamedTuple):
 def top_ids(x: np.ndarray, k: int) -> np.ndarray:
     """The ids of the k largest of x, ties at the boundary to the lower ids: those above the k-th
     largest value in ascending order, then those equal to it. One pass over the row, in C where the
-    extension is built (ssd_edge/native.c: a running threshold, 32 values tested at a time), else in
+    extension is built (ssd_edge/csrc/rows.c: a running threshold, 32 values tested at a time), else in
     numpy: a threshold from a strided sample (about 2,000 values, set so that a few hundred of the row
     pass it), the ids at or above it (a compare and flatnonzero), then a partition of those few. Never a
     sort, a partition or a copy of the whole row, unless the sample missed the head (one full partition)."""
@@ -78,7 +78,7 @@ def top_ids(x: np.ndarray, k: int) -> np.ndarray:
     if k >= n:
         return np.arange(n)
     if compiled_top_ids is not None and x.dtype == np.float32 and x.flags.c_contiguous:
-        ids = compiled_top_ids(x, k)  # the same ids in one vectorised C pass (ssd_edge/native.c); None: ties
+        ids = compiled_top_ids(x, k)  # the same ids in one vectorised C pass (ssd_edge/csrc/rows.c); None: ties
         if ids is not None:
             return np.frombuffer(ids, dtype=np.int64)
     return _top_ids_numpy(x, k)
@@ -107,7 +107,7 @@ def support(logits: np.ndarray, s: SamplingConfig) -> Support:
     if s.greedy:
         return Support(np.array([int(np.argmax(x))]), np.ones(1))
     if (compiled_support is not None and 0 < s.top_k < x.shape[0] and x.dtype == np.float32
-            and x.flags.c_contiguous):  # the same steps in C (ssd_edge/native.c); None: ties, NaN
+            and x.flags.c_contiguous):  # the same steps in C (ssd_edge/csrc/draws.c); None: ties, NaN
         got = compiled_support(x, s.top_k, s.top_p, s.min_p, s.temperature)
         if got is not None:
             return Support(np.frombuffer(got[0], dtype=np.int64), np.frombuffer(got[1], dtype=np.float64))
@@ -160,7 +160,7 @@ def head_probs(logits: np.ndarray, temperature: float = 1.0, k: int = HEAD) -> S
     x = np.asarray(logits)
     t = max(temperature, 1e-3)
     if compiled_head is not None and k < x.shape[0] and x.dtype == np.float32 and x.flags.c_contiguous:
-        got = compiled_head(x, k, t)  # the same in C (ssd_edge/native.c); None: ties, NaN
+        got = compiled_head(x, k, t)  # the same in C (ssd_edge/csrc/draws.c); None: ties, NaN
         if got is not None:
             return Support(np.frombuffer(got[0], dtype=np.int64), np.frombuffer(got[1], dtype=np.float64))
     ids = top_ids(x, min(k, x.shape[0]))

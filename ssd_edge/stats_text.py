@@ -9,7 +9,7 @@ from typing import Mapping
 from rich.table import Table
 from rich.text import Text
 
-from .events import SPECULATOR_MODE, Stats
+from .events import SPECULATOR_MODE, Stats, ThreadSplit
 
 HEALTH_STYLE = {"healthy": "green", "fair": "yellow", "poor": "red", "n/a": "dim"}
 
@@ -39,6 +39,19 @@ def devices_text(devices: Mapping[str, str]) -> str:
     if set(devices.values()) == {"CPU"}:
         return "on CPU"
     return ", ".join(f"{role} on {where}" for role, where in devices.items())
+
+
+def split_text(threads: tuple[int, int | None]) -> str:
+    """A (target, draft) thread split: '2+2', or '2' with no draft."""
+    return f"{threads[0]}" + (f"+{threads[1]}" if threads[1] is not None else "")
+
+
+def threads_text(splits: tuple[ThreadSplit, ...]) -> str:
+    """Each split a generation ran at, with its rounds and its plain steps' speed there:
+    '2+2: 40 rounds, 96 steps at 41 ms · 1+1: 2 rounds, 3 steps at 66 ms' (the second a probe)."""
+    return " · ".join(f"{split_text((s.target, s.draft))}: {s.rounds} rounds"
+                      + (f", {s.steps} steps at {s.ms_per_step:.0f} ms" if s.ms_per_step is not None else "")
+                      for s in splits)
 
 
 def stats_line(stats: Stats, state: str | None = None) -> Text:
@@ -94,6 +107,7 @@ def stats_table(stats: Stats) -> Table:
         *([("host per position, by worker", " · ".join(f"{w} {1e3 * s / n:.3f} ms" for w, (s, n)
                                                         in stats.host_by_worker.items() if n))]
           if set(stats.host_by_worker) - {"alone"} else []),  # (beside the verify: nothing, a branch, a tree)
+        *([("threads (target+draft)", threads_text(stats.threads))] if stats.threads else []),
         ("drafted / accepted", f"{stats.drafted} / {stats.accepted}"),
         ("acceptance", _num(stats.acceptance_rate)),
         ("mean accepted length", _num(stats.mean_accepted_len)),

@@ -1,7 +1,7 @@
 """Whether a test of ssd_edge.native (setup.py's optional C extension) may skip for want of it.
 
 The extension is missing only where no C compiler was there to build it. Where one is (CI, a
-developer's machine), a missing extension, or one built from an older native.c, is a broken build:
+developer's machine), a missing extension, or one built from older C sources, is a broken build:
 the tests that need it fail, saying how to build it, instead of skipping."""
 
 from __future__ import annotations

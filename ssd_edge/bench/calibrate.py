@@ -34,6 +34,7 @@ from ..events import FinishEvent
 from ..memory import MemoryUse
 from ..planning import profile as prof
 from ..planning.planner import NGRAM_CAP
+from .machine import busy_cores
 
 log = logging.getLogger(__name__)
 
@@ -96,23 +97,21 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
         raise ConfigError("calibration needs a draft model (-md): the planner prices the draft model's rounds")
     t_start = time.perf_counter()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    busy = busy_cores()
     device = prof.device_info()
     opts = thread_options(device.cores)
     splits = [(t, d) for t in opts for d in opts]
     steps = 2 * len(opts) + len(splits) + 3 * len(PROBE)
-    done = 0
+    done = 0.0
     tick = progress or (lambda what, frac: None)
     saved = engine.threads
     timer = engine.decode_timer()
     try:
-        curves: dict[str, dict[int, list[float]]] = {"target": {}, "draft": {}}
-        for name, table in curves.items():
-            for t in opts:
-                tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", done / steps)
-                engine.use_threads(**{name: t})
-                timer.decode_ms(name, PREFIX, filler(1))  # warm-up: first decodes at a new thread count are slower
-                table[t] = [timer.decode_ms(name, PREFIX, filler(n), reps) for n in range(1, k_max + 2)]
-                done += 1
+        curves = {name: _curves(engine, timer, name, opts, k_max, reps,
+                                lambda what, frac, at=done + len(opts) * i: tick(what, (at + len(opts) * frac) / steps))
+                  for i, name in enumerate(("target", "draft"))}
+        done = 2 * len(opts)
+        inverted = [name for name, table in curves.items() if _recheck(engine, timer, name, table)]
         costs = []
         for t, d in splits:
             tick(f"the target beside the draft, {t}+{d} threads", done / steps)
@@ -123,15 +122,21 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
                                           draft_overlap=max(0.5, draft_x)))
             done += 1
         engine.reset()
-        probe_steps = iter(range(done, steps))
+        probe_steps = iter(range(int(done), steps))
         acceptance = _probe(engine, max(opts), probe_tokens, lambda what: tick(what, next(probe_steps, done) / steps))
     finally:
         engine.use_threads(*saved)
+    busy = max(busy, busy_cores())
+    provisional = busy >= BUSY_CORES or bool(inverted)
+    if provisional:
+        log.warning("other work ran while measuring (%.1f cores busy%s): the profile is provisional",
+                    busy, f"; {' and '.join(inverted)} one-token steps slower on more threads" if inverted else "")
     tick("done", 1.0)
     return prof.Profile(
         created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), device=device,
         target=model_id(engine, 0), draft=model_id(engine, 1), k_max=k_max,
         costs=costs, acceptance=acceptance, calibration_s=time.perf_counter() - t_start, load_avg=load,
+        busy_cores=round(busy, 2), provisional=provisional,
         memory={**engine.memory().to_dict(), "n_ctx": engine.config.n_ctx}, offload=prof.offload_of(engine.config))
 
 
@@ -146,6 +151,49 @@ def model_id(engine: Engine, role: int) -> prof.ModelId | None:
     except OSError:
         info = engine.model_info[role]
         return prof.ModelId(name=path.name, size=info.size_bytes if info is not None else 0)
+
+
+BUSY_CORES = 0.5  # other work keeping this much of a core busy makes a measurement provisional
+PROVISIONAL_RETRY_S = 900  # a provisional profile is measured again no sooner than this after the last try
+RECHECKS = 2  # one-token steps slower on more threads: measured again this many times before it is believed
+
+
+def _curves(engine: Engine, timer, name: str, opts: list[int], k_max: int, reps: int, tick: Progress
+            ) -> dict[int, list[float]]:
+    """`name`'s decode of 1 .. k_max + 1 tokens at each thread count in `opts`: the repetitions
+    interleaved over the thread counts (other work that comes and goes touches each count alike),
+    each cell the fastest of its repetitions (interference only ever slows a decode)."""
+    times: dict[int, list[list[float]]] = {t: [[] for _ in range(k_max + 1)] for t in opts}
+    for rep in range(reps):
+        for i, t in enumerate(opts):
+            tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", (rep * len(opts) + i) / (reps * len(opts)))
+            engine.use_threads(**{name: t})
+            timer.decode_ms(name, PREFIX, filler(1))  # warm-up: first decodes at a new thread count are slower
+            for n, cell in enumerate(times[t], 1):
+                cell.append(timer.decode_ms(name, PREFIX, filler(n)))
+    return {t: [min(cell) for cell in times[t]] for t in opts}
+
+
+def inverted_at(table: dict[int, list[float]], slack: float = 1.05) -> list[int]:
+    """Thread counts whose one-token step ran slower than at some fewer threads (by more than
+    `slack`): on idle cores more threads are never slower, so it is a sign of interference."""
+    counts = sorted(table)
+    return [hi for i, hi in enumerate(counts) if any(table[hi][0] > slack * table[lo][0] for lo in counts[:i])]
+
+
+def _recheck(engine: Engine, timer, name: str, table: dict[int, list[float]]) -> bool:
+    """Measure again the one-token steps of `name`'s inverted thread counts and those below them,
+    interleaved, each kept at its fastest reading (RECHECKS times at most); whether one stays inverted."""
+    for _ in range(RECHECKS):
+        bad = inverted_at(table)
+        if not bad:
+            return False
+        log.info("%s one-token step slower on %s threads than on fewer: measuring again", name, bad)
+        for t in sorted(t for t in table if t <= max(bad)):
+            engine.use_threads(**{name: t})
+            timer.decode_ms(name, PREFIX, filler(1))
+            table[t][0] = min(table[t][0], timer.decode_ms(name, PREFIX, filler(1), 3))
+    return bool(inverted_at(table))
 
 
 VERIFY_TOKENS = 4  # the target decode whose slowdown beside the draft is timed (a verify of 3)
@@ -222,13 +270,17 @@ FIRST_USE = dict(reps=1, probe_tokens=24, pairs=5)
 
 
 def needs_first_use(engine: Engine) -> bool:
-    """Whether mode auto would run on this engine's pair without a profile of this device."""
+    """Whether mode auto would run on this engine's pair without a profile of this device, or with a
+    provisional one (measured while other work ran) now that the machine is quiet, and the last
+    measurement is PROVISIONAL_RETRY_S old: a machine whose other work comes and goes is not
+    measured again at every start (live timings steer the threads meanwhile: planning/threads.py)."""
     if not engine.plans_with_profile:
         return False
     try:
-        return prof.load(*engine.model_paths, prof.offload_of(engine.config)) is None
+        saved = prof.load(*engine.model_paths, prof.offload_of(engine.config))
     except OSError:  # a model without a file (the tests' fakes)
         return False
+    return saved is None or (saved.provisional and saved.age_s() >= PROVISIONAL_RETRY_S and busy_cores() < BUSY_CORES)
 
 
 def calibrate_first_use(engine: Engine, progress: Progress | None = None) -> prof.Profile:
@@ -258,6 +310,13 @@ def default_pair(model: str | None, model_draft: str | None, models_dir: str | N
     return target, draft
 
 
+def provisional_text(p: prof.Profile) -> str:
+    """What a provisional profile means, in one line."""
+    busy = f"{p.busy_cores:.1f} cores busy with other work" if p.busy_cores else "other work running"
+    return (f"measured with {busy}; used for now, and measured again at the next first use on a quiet "
+            "machine (or run ssd-edge calibrate then)")
+
+
 def _print(p: prof.Profile, path, console) -> None:
     from rich.table import Table
 
@@ -280,9 +339,8 @@ def _print(p: prof.Profile, path, console) -> None:
         t.add_row(f"{c.target_threads}+{c.draft_threads}", *[f"{c.target_ms[n - 1]:.0f}" for n in cols],
                   f"{c.draft_ms[0]:.0f}", f"{c.target_overlap:.2f}", f"{c.draft_overlap:.2f}")
     console.print(t)
-    if p.load_avg is not None and p.load_avg > 0.5 * p.device.cores:
-        console.print(f"[yellow]note:[/] the load average was {p.load_avg:.2f} on {p.device.cores} cores while this "
-                      "was measured: other work was running; calibrate again on a quiet machine")
+    if p.provisional:
+        console.print(f"[yellow]provisional:[/] {provisional_text(p)}")
     a = p.acceptance
     console.print(f"probe: draft alpha {a.alpha:.2f}, n-gram alpha {a.ngram_alpha:.2f} (proposes in "
                   f"{a.ngram_proposal_rate:.0%} of rounds), SSD hit rate {a.hit_rate:.2f}")

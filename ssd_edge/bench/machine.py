@@ -35,6 +35,17 @@ def hardware_settings(cores: int) -> dict[str, Setting]:
     }
 
 
+def busy_cores(seconds: float = 0.3) -> float:
+    """How many of this machine's cores other work keeps busy now: the whole machine's CPU use over
+    `seconds` (this process sleeps meanwhile), in cores. 0.0 where it cannot be read."""
+    import psutil
+
+    try:
+        return psutil.cpu_percent(interval=seconds) / 100 * (psutil.cpu_count() or 1)
+    except (OSError, RuntimeError):  # pragma: no cover - a sandbox without /proc/stat
+        return 0.0
+
+
 def machine_info(cores: int) -> MachineInfo:
     import psutil
 

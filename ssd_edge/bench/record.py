@@ -112,7 +112,7 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         complete_at_lookup=pre.complete_at_lookup,
         draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
         positions=st.positions, host_by_worker={w: list(sp) for w, sp in st.host_by_worker.items()},
-        peak_rss_mib=rss.peak / 2**20,
+        threads=st.to_dict()["threads"], peak_rss_mib=rss.peak / 2**20,
         memory=dict(st.memory) if st.memory is not None else None, modes_run=dict(modes_run),
         auto=st.auto.to_dict() if st.auto is not None else None,
         output_sha=hashlib.sha256(json.dumps(list(finish.tokens)).encode()).hexdigest()[:16],

@@ -62,7 +62,7 @@ class MachineInfo(BaseModel):
     load_avg_start: tuple[float, float, float]
     load_avg_end: tuple[float, float, float] | None = None
     native: str | None = Field(default=None, description="the path that read rows and drew tokens: 'c' "
-                               "(ssd_edge/native.c built) or 'numpy' (the same tokens, slower)")
+                               "(ssd_edge.native built) or 'numpy' (the same tokens, slower)")
     priced: str | None = Field(default=None, description="the price table a priced run waited on (`--priced`): "
                                "the models were synthetic and no GPU ran; None: real models on this machine")
 
@@ -124,6 +124,9 @@ class RunRecord(BaseModel):
     host_by_worker: dict[str, list[float]] = Field(default_factory=dict, description="by what the pre-speculation "
                                                    "worker did beside a round's verify (alone, branch, tree): "
                                                    "[host seconds, positions] (Stats.host_by_worker)")
+    threads: list[dict[str, Any]] = Field(default_factory=list, description="the thread splits its rounds ran at: "
+                                          "[{target, draft, rounds, steps, ms_per_step}] (Stats.threads: plain "
+                                          "steps after the prompt's, and their mean decode ms)")
     peak_rss_mib: float
     memory: dict[str, int] | None = Field(default=None, description="bytes by part at the end of the run "
                                           "(memory.MemoryUse.to_dict: weights, KV and compute buffers by model, "
@@ -236,6 +239,27 @@ class BenchResult(BaseModel):
     summary: list[SummaryRow]
     goals: list[Goal]
     notes: list[str]
+
+
+# ---------------------------------------------------------------- a run as docs/bench commits it
+
+DOCS_COPY = ("docs copy (schema.summary_only): the records of each generation (runs, and the peer's runs: "
+             "timings, per-token latencies, acceptance, auto's planner records) were taken out to keep docs/ "
+             "small; bench.md and bench.png were made from the whole file, and the summary rows, goals and "
+             "every other field are as the run wrote them")
+
+
+def summary_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A bench.json's data as docs/bench commits it, beside the bench.md and plot made from the whole: the
+    records of each generation (runs, peer.runs) dropped, a note saying so; the summary rows, the goals,
+    the machine, models, options, settings, prompts and profile kept as they are. The data is the file as
+    read (json), not through the model, so a field an older schema wrote stays. The same data again where
+    it is such a copy already. The copy still reads as a BenchResult (ValueError if not)."""
+    notes = list(data.get("notes", []))
+    out = {**data, "runs": [], "peer": {**data.get("peer", {}), "runs": []},
+           "notes": notes if DOCS_COPY in notes else [*notes, DOCS_COPY]}
+    BenchResult.model_validate(out)
+    return out
 
 
 # ---------------------------------------------------------------- reading a result (report.py, plot.py)

@@ -49,16 +49,20 @@ def calibrate_on_first_use(engine: Any) -> None:
     rounds with."""
     if not engine.plans_with_profile:  # ar, sd, ...: calibrate (and auto's planning) is not even imported
         return
-    from ..bench.calibrate import calibrate_first_use, needs_first_use
+    from ..bench.calibrate import calibrate_first_use, needs_first_use, provisional_text
     from ..progress import Progress
 
     if not needs_first_use(engine):
         return
     err = stderr()
     target, draft = engine.model_paths
-    err.print(f"first use of {model_label(str(target))} + {model_label(str(draft))} "
-              "on this device: measuring it for mode auto (once; `ssd-edge calibrate` redoes it, "
-              "--no-calibrate skips it)")
+    pair = f"{model_label(str(target))} + {model_label(str(draft))}"
+    if engine.auto_profile() is not None:  # a provisional profile, and the machine is quiet now
+        err.print(f"measuring {pair} again for mode auto: the last measurement ran beside other work "
+                  "(provisional), and the machine is quiet now")
+    else:
+        err.print(f"first use of {pair} on this device: measuring it for mode auto (once; `ssd-edge calibrate` "
+                  "redoes it, --no-calibrate skips it)")
     try:
         with Progress(err) as progress:
             p = calibrate_first_use(engine, progress.task("calibrating").at)
@@ -66,3 +70,5 @@ def calibrate_on_first_use(engine: Any) -> None:
         err.print("calibration interrupted; no profile saved")
         raise
     err.print(f"calibrated in {p.calibration_s:.0f} s")
+    if p.provisional:
+        err.print(f"[yellow]provisional:[/] {provisional_text(p)}")

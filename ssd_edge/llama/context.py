@@ -1,6 +1,6 @@
 """A llama_context over a loaded Model (model.py): its KV cache and sequences (seq_rm, seq_cp,
 seq_pos_max, clear), thread count and batch buffer; decode (a batch in, logit rows out, as views of
-llama.cpp's output buffer or copies), steps (mode ar's plain steps in one C call, ssd_edge/native.c),
+llama.cpp's output buffer or copies), steps (mode ar's plain steps in one C call, ssd_edge/csrc/steps.c),
 and the abort flag llama.cpp polls during a decode. Never use a Context from two threads at once; two
 Contexts decode in parallel (ctypes releases the GIL during llama_decode).
 """
@@ -52,7 +52,7 @@ def _address(ptr: Any) -> int:
 
 
 class StepsCall(ctypes.Structure):
-    """native.steps's one argument: ssd_edge/native.c's steps_call, the same fields in the same order (the C
+    """native.steps's one argument: ssd_edge/csrc/native.h's steps_call, the same fields in the same order (the C
     says what each is; a size that differs is refused there). llama.cpp's functions and objects by address
     and the batch buffer come first, the same in every call of a context; set() fills in one call's token,
     position, sequence, limits and draw."""

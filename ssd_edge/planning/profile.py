@@ -93,12 +93,23 @@ class Profile(BaseModel):
     acceptance: Acceptance
     calibration_s: float = 0.0
     load_avg: float | None = Field(default=None, description="1-minute load average when calibration began")
+    busy_cores: float | None = Field(default=None, description="cores other work kept busy while it measured "
+                                     "(the most of the readings before and after the decodes)")
+    provisional: bool = Field(default=False, description="measured while other work ran (busy cores, or one-token "
+                              "steps slower on more threads after measuring again): used, and measured again at "
+                              "the next first use on a quiet machine")
     memory: dict[str, int] | None = Field(default=None, description="bytes by part while calibrating, both "
                                           "models loaded (memory.MemoryUse.to_dict), and the context's size")
     offload: str = Field(default="", description="the GPU offload it was measured at (offload_of; '' none): "
                          "another offload is another profile")
 
     # ------------------------------------------------------------ reading
+    def age_s(self) -> float:
+        """Seconds since it was measured (created)."""
+        import datetime as dt
+
+        return (dt.datetime.now(dt.timezone.utc) - dt.datetime.fromisoformat(self.created)).total_seconds()
+
     def at(self, target_threads: int, draft_threads: int | None = None) -> ThreadCosts | None:
         """The costs measured with the target at `target_threads` (and the draft at `draft_threads`)."""
         return next((c for c in self.costs if c.target_threads == target_threads

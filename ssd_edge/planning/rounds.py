@@ -19,9 +19,10 @@ from .planner import (DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, PLAIN_RUN_S, Planner
                       verifiable)
 from .prepared import PreparedProposer  # noqa: F401
 from .proposers import DraftProposer, NgramProposer, top1, upside  # noqa: F401
+from .threads import LiveThreads, ThreadChoice
 
-__all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "build", "caps", "draft_can_pay", "runs_beside",
-           "threads_for", "top1", "verifiable"]
+__all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "ThreadChoice", "build", "caps", "draft_can_pay",
+           "live_threads", "runs_beside", "threads_for", "top1", "verifiable"]
 
 if TYPE_CHECKING:
     from ..speculation.policy import TreeChoice
@@ -79,6 +80,20 @@ def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile 
     if cfg.draft is not None:
         update["draft"] = cfg.draft.model_copy(update={"threads": d})
     return cfg.model_copy(update=update)
+
+
+def live_threads(choice: ThreadChoice, mode: str, cfg: EngineConfig, drafts: bool,
+                 use: Callable[[int | None, int | None], None]) -> LiveThreads:
+    """A generation's threads at cfg's split (threads_for's; the draft's where it `drafts` in `mode`),
+    following the engine's ThreadChoice (threads.py: live timings decide) where the user gave no
+    thread count (threads_follow_mode) and the target runs on this CPU's cores, more than one: a
+    GPU's or a server's step does not depend on them."""
+    drafts = drafts and cfg.draft is not None and "draft" in MENUS[mode].kinds
+    split = (cfg.target.threads, cfg.draft.threads if drafts and cfg.draft is not None else None)
+    follows = cfg.threads_follow_mode and not offloaded(cfg) and usable_cores() > 1
+    if follows:
+        choice.adopt(split[0], usable_cores())
+    return LiveThreads(choice if follows else None, split, runs_beside(cfg), use)
 
 
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,

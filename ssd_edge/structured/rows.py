@@ -20,7 +20,7 @@ from ..events import TokenLogprob
 from ..sampling import top_ids
 from .shaping import Cursor, apply_mask
 
-# native.c's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row) -> 1: draw under the mask
+# native.h's row_hook_fn: (user, row, n_vocab, position, the token decoded before the row) -> 1: draw under the mask
 try:  # compiled at install: a C row hook that calls Python and lets what it raises (Ctrl-C) through
     from ..native import row_hook_address
 except ImportError:  # pragma: no cover - a build without the extension: plain steps go a round at a time
@@ -77,7 +77,7 @@ class AnswerRows:
         last); or, with no row (0), the notice that it drew `previous` and decodes it now, which needs
         nothing here. Within one loop the cursor is where the last row left it, so it takes one token;
         the mask is filled here, not ahead on a thread (measured on the default pair: the hand-off cost
-        what the fill did). What it raises stops the loop and is raised from native.steps (native.c:
+        what the fill did). What it raises stops the loop and is raised from native.steps (csrc/row_hook.c:
         py_row_hook)."""
         if not row:
             return 0  # a drawn token, decoded now: the next row's call follows it

@@ -89,3 +89,54 @@ def test_calibrate_measures_through_the_public_surface_and_restores_the_threads(
     assert seen == sorted(seen)
     assert eng.threads == (1, 1)
     assert eng.complete(tokens=PROMPT, max_tokens=16, mode="sd").tokens == ref
+
+
+def paths_on_disk(eng: Engine, tmp_path: Path) -> None:
+    for model in (eng.target, eng.draft):  # the profile names each model by its file's name and size
+        model.path = tmp_path / model.path.name
+        model.path.write_bytes(b"GGUF")
+
+
+def test_calibrate_beside_other_work_saves_a_provisional_profile_measured_again_when_quiet(tmp_path, monkeypatch):
+    """A machine with another program on one core: the target's one-token step on every core runs
+    slower than on one (an ordering no idle machine shows). Measured again, it stays so: provisional.
+    needs_first_use then asks for a new measurement once the machine is quiet, not before."""
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path))
+    monkeypatch.setattr(calibrate.prof, "device_info", lambda: calibrate.prof.DeviceInfo(
+        machine="x86_64", cpu="fake", cores=2, llama_cpp_python="0.3.36"))
+    eng, target_ctx, draft_ctx = fake_engine()
+    paths_on_disk(eng, tmp_path)
+    eng.config = eng.config.model_copy(update={"mode": "auto"})
+    for ctx in (target_ctx, draft_ctx):  # every core 2x slower than one thread: a core is busy
+        ctx.decode_delay = lambda n, ctx=ctx: (0.004 if ctx.threads >= 2 else 0.002) * (1 + 0.2 * n)
+    busy = [0.0]
+    monkeypatch.setattr(calibrate, "busy_cores", lambda: busy[0])  # (the reading itself: the inversion decides)
+    p, measured = calibrate.ensure_profile(eng, recalibrate=True, k_max=2, reps=1, probe_tokens=4, pairs=2)
+    assert measured and p.provisional
+    assert calibrate.inverted_at({t: c.target_ms for t, c in ((c.target_threads, c) for c in p.costs)}) == [2]
+    assert "measured again" in calibrate.provisional_text(p)
+    busy[0] = 1.0  # still busy: the provisional profile serves, nothing is measured
+    assert not calibrate.needs_first_use(eng)
+    busy[0] = 0.0  # quiet now, but just measured: not at every start
+    assert not calibrate.needs_first_use(eng)
+    monkeypatch.setattr(calibrate, "PROVISIONAL_RETRY_S", 0.0)  # quiet, and long enough ago: measured again
+    assert calibrate.needs_first_use(eng)
+    for ctx in (target_ctx, draft_ctx):
+        ctx.decode_delay = lambda n, ctx=ctx: (0.002 if ctx.threads >= 2 else 0.004) * (1 + 0.2 * n)
+    p = calibrate.calibrate_first_use(eng)
+    assert not p.provisional and not calibrate.needs_first_use(eng)
+
+
+def test_a_calibration_with_busy_cores_read_is_provisional(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_EDGE_HOME", str(tmp_path))
+    monkeypatch.setattr(calibrate, "busy_cores", lambda: 1.0)
+    eng, _, _ = fake_engine()
+    paths_on_disk(eng, tmp_path)
+    p = calibrate.measure(eng, k_max=1, reps=1, probe_tokens=4, pairs=2)
+    assert p.provisional and p.busy_cores == 1.0
+
+
+def test_inverted_counts_are_those_slower_than_fewer_threads():
+    assert calibrate.inverted_at({1: [50.0], 2: [30.0]}) == []
+    assert calibrate.inverted_at({1: [50.0], 2: [51.0]}) == []  # within the slack
+    assert calibrate.inverted_at({1: [50.0], 2: [70.0], 4: [40.0]}) == [2]

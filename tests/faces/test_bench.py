@@ -204,6 +204,22 @@ def test_schema_rejects_a_result_with_missing_fields(tmp_path):
         BenchResult.model_validate(data)
 
 
+def test_the_docs_copy_keeps_the_summary_and_the_metadata_without_the_generations(tmp_path):
+    """schema.summary_only (scripts/bench_for_docs.py): what docs/bench commits of a run."""
+    bench_report.write(fake_result(tmp_path), tmp_path, plot=False)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    data["machine"]["hostname"] = ""  # a field an older schema wrote stays
+    copy = schema.summary_only(data)
+    assert copy["runs"] == [] and copy["peer"]["runs"] == [] and data["runs"] and data["peer"]["runs"]
+    assert {k: v for k, v in copy.items() if k not in ("runs", "peer", "notes")} == \
+        {k: v for k, v in data.items() if k not in ("runs", "peer", "notes")}  # summary, goals, machine, ...
+    assert copy["peer"]["version"] == "b1" and copy["notes"] == ["a note", schema.DOCS_COPY]
+    assert schema.summary_only(copy) == copy  # a copy again: the same
+    back = BenchResult.model_validate(copy)
+    assert back.summary == fake_result(tmp_path).summary
+    assert "| shared | ssd | 4 | 2+2 |" in bench_report.markdown(back)  # its tables still render
+
+
 # ---------------------------------------------------------------- the llama.cpp peer
 
 PEER_OUTPUT = """

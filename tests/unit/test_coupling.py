@@ -86,7 +86,7 @@ def test_draws_are_made_as_verify_reads_them_and_equal_the_eager_draws(monkeypat
 
 
 def test_the_compiled_draw_is_numpys():
-    """coupling.gumbel_draw in C (ssd_edge/native.c) draws the token numpy's path draws, for every seed
+    """coupling.gumbel_draw in C (ssd_edge/csrc/draws.c) draws the token numpy's path draws, for every seed
     and position tried (the same noise; the two logs may differ only in the last bit)."""
     if coupling.compiled_gumbel is None:
         skip_or_fail("the compiled draw")

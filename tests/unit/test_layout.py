@@ -33,7 +33,7 @@ NAMES = ["leaf", "adapter", "speculation", "planning", "engine", "measure", "fac
 LAYERS = {
     **{f"ssd_edge/{m}.py": LEAF for m in ("config", "events", "errors", "metrics", "memory", "interface", "paths",
                                           "progress", "sampling", "coupling", "verify", "stats_text", "stops")},
-    "ssd_edge/native.c": LEAF,           # compiled: a row's top-k, the priced backend's busy wait
+    "ssd_edge/csrc/": LEAF,              # compiled (ssd_edge.native): a row's top-k and draws, plain steps, a busy wait
     "ssd_edge/llama/": ADAPTER, "ssd_edge/models/": ADAPTER,
     "ssd_edge/options.py": LEAF,          # the flags' table that cli and server share
     "ssd_edge/settings.py": ADAPTER,      # the flags' layers and their EngineConfig; reads the catalog
@@ -74,13 +74,21 @@ class Tree:
     imports: dict[str, list[Import]] = field(default_factory=dict)
 
 
+# C sources are modules of the tree too, named by their paths (ssd_edge.csrc.rows), but for the file that
+# defines an extension module (setup.py: ssd_edge/csrc/*.c build one, ssd_edge.native), named by it: the
+# Python that imports ssd_edge.native imports that part.
+EXTENSIONS = {"ssd_edge/csrc/module.c": "ssd_edge.native"}
+
+
 def module_name(rel: Path) -> str:
+    if rel.as_posix() in EXTENSIONS:
+        return EXTENSIONS[rel.as_posix()]
     parts = rel.with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def read_tree(root: Path, sources: tuple[str, ...] = SOURCES) -> Tree:
-    # modules: Python files, and C sources that build an extension module of the same name (ssd_edge/native.c)
+    # modules: Python files, and C sources (EXTENSIONS)
     files = sorted(p for s in sources for ext in ("*.py", "*.c") for p in (root / s).rglob(ext)
                    if "__pycache__" not in p.parts)
     tree = Tree({module_name(p.relative_to(root)): p.relative_to(root).as_posix() for p in files})
@@ -266,13 +274,14 @@ def test_the_known_list_holds_only_arrows_still_there(house):
 
 def test_the_reader_sees_every_kind_of_import(house):
     """The tree is read as it is: a `from` import of a name, a lazy import inside a function, a relative one,
-    and each of the three source folders."""
+    each of the three source folders, and the compiled extension (EXTENSIONS)."""
     def seen(mod: str) -> set[tuple[str, str | None]]:
         return {(i.target, i.name) for i in house.imports[mod]}
     assert ("ssd_edge.llama.kvseq", "KVSeq") in seen("ssd_edge.speculation.drafters")
     assert ("ssd_edge.engine", "Engine") in seen("tui.loader")      # lazy, inside a function
     assert ("ssd_edge.settings", None) in seen("ssd_edge.cli.app")  # `from .. import settings`
     assert ("ssd_edge.cli.loader", "load_engine") in seen("scripts.bench_serve")
+    assert ("ssd_edge.native", "top_ids") in seen("ssd_edge.sampling")    # the extension, built from ssd_edge/csrc/
     assert not [i for m in house.paths if m.startswith("ssd_edge") for i in house.imports[m]
                 if i.target.split(".")[0] == "tui"]  # ssd_edge reaches the TUI by its entry point only
 

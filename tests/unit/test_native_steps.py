@@ -142,7 +142,7 @@ def test_steps_refuse_what_they_cannot_do(most, draws):
 
 
 def test_steps_refuse_a_call_of_another_layout():
-    """The call is native.c's steps_call byte for byte, and its batch llama_cpp's llama_batch: a call of
+    """The call is native.h's steps_call byte for byte, and its batch llama_cpp's llama_batch: a call of
     another size, or a batch declared another size, is refused before anything is decoded."""
     lib = Library(rows(2))
     with pytest.raises(ValueError, match="bytes"):

@@ -268,7 +268,7 @@ def test_native_path_says_whether_the_compiled_paths_run(monkeypatch):
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_top_ids_is_the_k_largest_with_ties_to_the_lower_ids(compiled, monkeypatch):
-    """Both paths (the compiled pass, ssd_edge/native.c, and numpy's) give exactly the full sort's ids."""
+    """Both paths (the compiled pass, ssd_edge/csrc/rows.c, and numpy's) give exactly the full sort's ids."""
     import ssd_edge.sampling as sampling
 
     if compiled and sampling.compiled_top_ids is None:
@@ -336,7 +336,7 @@ SETTINGS = [cfg(t, top_k=k, top_p=p, min_p=m) for t in (0.3, 1.0, 1.7) for k in 
 
 
 def test_the_compiled_support_is_the_numpy_chain():
-    """sampling.support in C (ssd_edge/native.c) against its numpy path: the same ids, the same
+    """sampling.support in C (ssd_edge/csrc/draws.c) against its numpy path: the same ids, the same
     probabilities to the last bits (its exp may differ from numpy's in the last bit)."""
     import ssd_edge.sampling as sampling
 

@@ -23,7 +23,7 @@ OLD_KEYS = {
     "seed",
 }
 NEW_KEYS = {"first_round_tokens", "draft_load_s", "memory", "in_decode_s", "positions", "host_ms_per_position",
-            "devices", "native", "forced", "host_by_worker"}  # added since; old readers ignore them
+            "devices", "native", "forced", "host_by_worker", "threads"}  # added since; old readers ignore them
 OLD_PRESPEC_KEYS = {
     "lookups", "hits", "partial_hits", "misses", "hit_rate", "partial_rate", "health", "latency_ms_hit_p50",
     "latency_ms_hit_p95", "latency_ms_miss_p50", "latency_ms_miss_p95", "prepared_tokens", "used_tokens", "waste",
@@ -83,11 +83,36 @@ def test_attributes_are_the_dict_values():
     stats = ssd_meter().stats(seed=None)
     d = stats.to_dict()
     for f in dataclasses.fields(Stats):
-        if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto", "host_by_worker"):
+        if f.name not in ("prespec", "speculators", "per_position_acceptance", "auto", "host_by_worker", "threads"):
             assert d[f.name] == getattr(stats, f.name), f.name
     assert d["host_by_worker"] == {w: list(sp) for w, sp in stats.host_by_worker.items()}
+    assert d["threads"] == [dataclasses.asdict(t) for t in stats.threads]
     assert stats.seed is None and stats.auto is None and stats.prespec.hit_rate == 0.5
     assert stats.prespec.health == "fair"  # 0.5: not below HIT_RATE_POOR
+
+
+def test_threads_count_each_splits_rounds_and_time_its_plain_steps_after_the_prompt():
+    m = Meter("auto", 3)
+    m.record(Round(0, "ar", "none", None, 0, 0, 300.0, 290.0, 0.0, threads=(2, 2)), 1)  # the prompt: not timed
+    m.record(Round(1, "ar", "none", None, 0, 0, 90.0, 80.0, 0.0, steps=2, threads=(2, 2)), 2)
+    m.record(Round(2, "sd", "draft", None, 3, 3, 150.0, 100.0, 40.0, threads=(2, 2)), 4)  # drafted: not a plain step
+    m.record(Round(3, "ar", "none", None, 0, 0, 60.0, 50.0, 0.0, threads=(1, 1)), 1)
+    stats = m.stats()
+    assert [(t.target, t.draft, t.rounds, t.steps, t.ms_per_step) for t in stats.threads] == \
+        [(2, 2, 3, 2, 40.0), (1, 1, 1, 1, 50.0)]
+    assert stats.to_dict()["threads"][1] == {"target": 1, "draft": 1, "rounds": 1, "steps": 1, "ms_per_step": 50.0}
+    assert m.live().threads == (1, 1)
+    assert "2+2: 3 rounds, 2 steps at 40 ms · 1+1: 1 rounds, 1 steps at 50 ms" in stats_table_text(stats)
+
+
+def stats_table_text(stats: Stats) -> str:
+    from rich.console import Console
+
+    from ssd_edge.stats_text import stats_table
+
+    console = Console(width=200, record=True)
+    console.print(stats_table(stats))
+    return console.export_text()
 
 
 def test_stats_are_frozen():

@@ -20,6 +20,7 @@ from ssd_edge.events import HIT_RATE_HEALTHY, HIT_RATE_POOR, hit_rate_health
 from ssd_edge.interface import ModelInfo
 from ssd_edge.memory import MemoryUse
 from ssd_edge.planning.planner import k_text
+from ssd_edge.stats_text import split_text
 
 from ..live import LiveModel
 
@@ -206,6 +207,8 @@ class LivePanel(VerticalScroll):
         now, avg = live.rate_now, live.average_rate()
         rate = Text.assemble(("tokens/s   ", "bold"), (f"{now:5.1f}" if now is not None else "    —", "bold"),
                              " now · ", (f"{avg:.1f}" if avg is not None else "—"), " avg")
+        if s is not None and s.threads is not None:  # the split the last round ran at (it follows the machine)
+            rate.append(f" · threads {split_text(s.threads)}", "dim")
         set_text(self.query_one("#rate", Static), rate)
         self.query_one("#spark", Sparkline).data = list(live.rates)  # a reactive: redrawn only when it differs
         lat = Text.assemble(("per token  ", "bold"), ("hit ", "green3"), ms(live.latency_ms("hit")),

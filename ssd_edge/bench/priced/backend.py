@@ -19,7 +19,7 @@ The language (151,936 tokens, Qwen's vocabulary size; 0..255 bytes, then words, 
 
 A decode stores the batch's cells (cells.py: the KV cache as llama.cpp keeps it, so a wrong rollback
 gives wrong rows) and waits out the batch's price with the GIL released (PricedContext._wait: spinning,
-as a CUDA host thread does, until the abort signal's byte is set; a sleep where ssd_edge/native.c is not
+as a CUDA host thread does, until the abort signal's byte is set; a sleep where ssd_edge.native is not
 built), building the wanted rows (or only their heads: decode_heads) at the end of it: its wall time is
 the price, or the time the rows took where that is longer. The measured time goes on interface.DECODES,
 as llama_decode's time does.
@@ -45,7 +45,7 @@ from ...sampling import Heads
 from .cells import CellCache, seq_ids
 from .prices import HEAD_DECODE_MS, HEAD_ROW_MS, Curve, PriceTable
 
-try:  # the busy wait and the rows' copies (ssd_edge/native.c); without them, decodes sleep their price
+try:  # the busy wait and the rows' copies (ssd_edge/csrc/priced.c); without them, decodes sleep their price
     from ...native import copy_rows, priced_choices, spin
 except ImportError:  # pragma: no cover - a build without the extension
     copy_rows = priced_choices = spin = None
