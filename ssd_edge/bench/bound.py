@@ -140,7 +140,7 @@ def measured_prices(engine, prefix: Sequence[int], most: int, passes: int = 5) -
     1 .. most tokens, each the median of `passes` passes over all the sizes (interleaved, so that a
     machine growing busier or quieter moves every size alike); a catch-up read longer than `most`
     extends the draft's last slope."""
-    from .calibrate import filler
+    from .timings import filler
 
     timer = engine.decode_timer()
     times: dict[str, list[list[float]]] = {"target": [[] for _ in range(most)], "draft": [[] for _ in range(most)]}

@@ -35,6 +35,7 @@ from ..memory import MemoryUse
 from ..planning import profile as prof
 from ..planning.planner import NGRAM_CAP
 from .machine import busy_cores
+from .timings import PREFIX, Progress, contention, filler, recheck, step_costs
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,7 @@ PROBE = [
     [{"role": "user", "content": "Explain in a short paragraph why the sky looks blue during the day "
                                  "and red at sunset."}],
 ]
-PREFIX_TOKENS = 64  # cost is measured after this much context, like a short prompt
 
-Progress = Callable[[str, float], None]  # (what is being measured, fraction done 0..1)
 
 
 @dataclass
@@ -78,16 +77,6 @@ def thread_options(cores: int) -> list[int]:
     return sorted({1, max(1, cores // 2), max(1, cores - 1), cores})
 
 
-# ---------------------------------------------------------------- timing
-# Filler ids (any in-vocabulary tokens do: the cost of a decode does not depend on which).
-PREFIX = [(31 * i + 7) % 1000 + 100 for i in range(PREFIX_TOKENS)]
-
-
-def filler(n: int) -> list[int]:
-    """n filler token ids for a timed decode (any in-vocabulary tokens do)."""
-    return [(17 * i + 11) % 1000 + 100 for i in range(n)]
-
-
 # ---------------------------------------------------------------- the run
 
 def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_tokens: int = 48,
@@ -107,11 +96,11 @@ def measure(engine: Engine, *, k_max: int = NGRAM_CAP, reps: int = 3, probe_toke
     saved = engine.threads
     timer = engine.decode_timer()
     try:
-        curves = {name: _curves(engine, timer, name, opts, k_max, reps,
+        curves = {name: step_costs(engine, timer, name, opts, k_max, reps,
                                 lambda what, frac, at=done + len(opts) * i: tick(what, (at + len(opts) * frac) / steps))
                   for i, name in enumerate(("target", "draft"))}
         done = 2 * len(opts)
-        inverted = [name for name, table in curves.items() if _recheck(engine, timer, name, table)]
+        inverted = [name for name, table in curves.items() if recheck(engine, timer, name, table)]
         costs = []
         for t, d in splits:
             tick(f"the target beside the draft, {t}+{d} threads", done / steps)
@@ -155,62 +144,6 @@ def model_id(engine: Engine, role: int) -> prof.ModelId | None:
 
 BUSY_CORES = 0.5  # other work keeping this much of a core busy makes a measurement provisional
 PROVISIONAL_RETRY_S = 900  # a provisional profile is measured again no sooner than this after the last try
-RECHECKS = 2  # one-token steps slower on more threads: measured again this many times before it is believed
-
-
-def _curves(engine: Engine, timer, name: str, opts: list[int], k_max: int, reps: int, tick: Progress
-            ) -> dict[int, list[float]]:
-    """`name`'s decode of 1 .. k_max + 1 tokens at each thread count in `opts`: the repetitions
-    interleaved over the thread counts (other work that comes and goes touches each count alike),
-    each cell the fastest of its repetitions (interference only ever slows a decode)."""
-    times: dict[int, list[list[float]]] = {t: [[] for _ in range(k_max + 1)] for t in opts}
-    for rep in range(reps):
-        for i, t in enumerate(opts):
-            tick(f"{name} step costs, {t} thread{'s' if t > 1 else ''}", (rep * len(opts) + i) / (reps * len(opts)))
-            engine.use_threads(**{name: t})
-            timer.decode_ms(name, PREFIX, filler(1))  # warm-up: first decodes at a new thread count are slower
-            for n, cell in enumerate(times[t], 1):
-                cell.append(timer.decode_ms(name, PREFIX, filler(n)))
-    return {t: [min(cell) for cell in times[t]] for t in opts}
-
-
-def inverted_at(table: dict[int, list[float]], slack: float = 1.05) -> list[int]:
-    """Thread counts whose one-token step ran slower than at some fewer threads (by more than
-    `slack`): on idle cores more threads are never slower, so it is a sign of interference."""
-    counts = sorted(table)
-    return [hi for i, hi in enumerate(counts) if any(table[hi][0] > slack * table[lo][0] for lo in counts[:i])]
-
-
-def _recheck(engine: Engine, timer, name: str, table: dict[int, list[float]]) -> bool:
-    """Measure again the one-token steps of `name`'s inverted thread counts and those below them,
-    interleaved, each kept at its fastest reading (RECHECKS times at most); whether one stays inverted."""
-    for _ in range(RECHECKS):
-        bad = inverted_at(table)
-        if not bad:
-            return False
-        log.info("%s one-token step slower on %s threads than on fewer: measuring again", name, bad)
-        for t in sorted(t for t in table if t <= max(bad)):
-            engine.use_threads(**{name: t})
-            timer.decode_ms(name, PREFIX, filler(1))
-            table[t][0] = min(table[t][0], timer.decode_ms(name, PREFIX, filler(1), 3))
-    return bool(inverted_at(table))
-
-
-VERIFY_TOKENS = 4  # the target decode whose slowdown beside the draft is timed (a verify of 3)
-
-
-def contention(timer, pairs: int, tries: int = 3) -> tuple[float, float]:
-    """(target, draft) slowdown beside each other (DecodeTimer.contention). The target cannot run
-    faster with the draft taking memory bandwidth or cores from it: a figure below 1 is noise (a
-    machine that grew quieter while the pairs ran) and is measured again, then read as 1."""
-    target_x = draft_x = 1.0
-    for _ in range(tries):
-        target_x, draft_x = timer.contention(PREFIX, filler(VERIFY_TOKENS), pairs)
-        if target_x >= 1.0:
-            return target_x, draft_x
-        log.info("contention measured at %.3f (< 1): measuring again", target_x)
-    log.warning("the target measured faster beside the draft %d times (last %.3f): taken as 1", tries, target_x)
-    return 1.0, draft_x
 
 
 def _probe(engine: Engine, threads: int, tokens: int, tick: Callable[[str], None]) -> prof.Acceptance:

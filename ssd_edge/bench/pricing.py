@@ -19,7 +19,8 @@ from ..planning import profile as prof
 from ..planning.costs import describe_regime
 from ..planning.planner import NGRAM_CAP
 from .priced import Priced
-from .calibrate import PREFIX, Progress, filler, measure
+from .calibrate import measure
+from .timings import PREFIX, Progress, filler
 from .schema import MachineInfo, ModelInfo, Setting
 
 NAME = "priced"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fakes import FakeContext, FakeModel
-from ssd_edge.bench import calibrate
+from ssd_edge.bench import calibrate, timings
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 
@@ -113,7 +113,7 @@ def test_calibrate_beside_other_work_saves_a_provisional_profile_measured_again_
     monkeypatch.setattr(calibrate, "busy_cores", lambda: busy[0])  # (the reading itself: the inversion decides)
     p, measured = calibrate.ensure_profile(eng, recalibrate=True, k_max=2, reps=1, probe_tokens=4, pairs=2)
     assert measured and p.provisional
-    assert calibrate.inverted_at({t: c.target_ms for t, c in ((c.target_threads, c) for c in p.costs)}) == [2]
+    assert timings.inverted_at({t: c.target_ms for t, c in ((c.target_threads, c) for c in p.costs)}) == [2]
     assert "measured again" in calibrate.provisional_text(p)
     busy[0] = 1.0  # still busy: the provisional profile serves, nothing is measured
     assert not calibrate.needs_first_use(eng)
@@ -137,6 +137,6 @@ def test_a_calibration_with_busy_cores_read_is_provisional(tmp_path, monkeypatch
 
 
 def test_inverted_counts_are_those_slower_than_fewer_threads():
-    assert calibrate.inverted_at({1: [50.0], 2: [30.0]}) == []
-    assert calibrate.inverted_at({1: [50.0], 2: [51.0]}) == []  # within the slack
-    assert calibrate.inverted_at({1: [50.0], 2: [70.0], 4: [40.0]}) == [2]
+    assert timings.inverted_at({1: [50.0], 2: [30.0]}) == []
+    assert timings.inverted_at({1: [50.0], 2: [51.0]}) == []  # within the slack
+    assert timings.inverted_at({1: [50.0], 2: [70.0], 4: [40.0]}) == [2]
