@@ -9,8 +9,8 @@ count it uses, and now and then runs one plain round at another candidate (every
 split the generation started from), keeping the faster.
 
 The rule, counted in plain target steps (the rounds that draft nothing, after the prompt's):
-  - explore: after `gap` steps at the current count, one plain round at the next other candidate;
-    the gap doubles after each probe that finds nothing faster (GAP_MIN .. GAP_MAX: on a steady
+  - explore: after `gap` steps at the current count, one plain round at the next other candidate
+    (the first after GAP_FIRST steps: the prior is a profile's, or a rule of thumb); the gap doubles after each probe that finds nothing faster (GAP_MIN .. GAP_MAX: on a steady
     machine probes are at most PROBE_SHARE of the steps over a generation of 100 or more), and
     falls back to GAP_MIN after a switch, or at once when the current count's last SLOW_ROUNDS rounds
     all ran SLOWER times slower than when it was last compared (the machine changed, not one stray
@@ -28,7 +28,8 @@ from typing import Callable
 
 from ..metrics import Ema
 
-GAP_MIN = 32       # plain steps at the current count before the first probe (and after a change)
+GAP_FIRST = 4      # plain steps at a new choice's first count before its first probe (the prior is unchecked)
+GAP_MIN = 32       # plain steps at the current count between probes after a change
 GAP_MAX = 1024     # the longest wait between probes on a steady machine
 MARGIN = 0.10      # a probe must beat the current count's recent ms per step by this share
 SLOWER = 1.5       # the current count's steps this many times slower than when compared: probe now
@@ -50,7 +51,7 @@ class ThreadChoice:
         self.options: list[int] = []        # candidate target thread counts (adopt)
         self.current: int | None = None     # the count plain steps run at, but for probes
         self.recent: dict[int, Ema] = {}    # ms per plain step, recent rounds, by count
-        self.gap = GAP_MIN                  # plain steps at `current` before the next probe
+        self.gap = GAP_FIRST                # plain steps at `current` before the next probe
         self.since = 0                      # plain steps at `current` since the last probe or switch
         self.compared: float | None = None  # current's ms per step when last compared
         self.last: deque[float] = deque(maxlen=SLOW_ROUNDS)  # current's latest rounds, ms per step
@@ -96,7 +97,7 @@ class ThreadChoice:
             if now is not None and ms_per_step < now * (1 - MARGIN):
                 self.current, self.gap, self.compared = threads, GAP_MIN, ms_per_step
             else:
-                self.gap, self.compared = min(2 * self.gap, GAP_MAX), now
+                self.gap, self.compared = max(GAP_MIN, min(2 * self.gap, GAP_MAX)), now
             return
         if threads != self.current:
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ssd_edge.planning.threads import (GAP_MAX, GAP_MIN, PROBE_SHARE, SLOW_ROUNDS, SLOWER, LiveThreads, ThreadChoice,
+from ssd_edge.planning.threads import (GAP_FIRST, GAP_MAX, GAP_MIN, PROBE_SHARE, SLOW_ROUNDS, SLOWER, LiveThreads, ThreadChoice,
                                      candidates)
 
 
@@ -49,6 +49,13 @@ def test_a_step_that_doubles_at_the_current_count_moves_to_the_faster_within_a_b
     assert choice.current == 2 and ran[-1] == 2
 
 
+def test_a_new_choice_checks_its_prior_within_a_few_steps():
+    choice = ThreadChoice()
+    choice.adopt(2, 2)  # a profile said every core; another program holds one from the start
+    ran = drive(choice, {2: 90.0, 1: 45.0}, 40)
+    assert ran.index(1) == GAP_FIRST and choice.current == 1 and set(ran[GAP_FIRST:GAP_FIRST + GAP_MIN]) == {1}
+
+
 def test_a_probe_within_the_margin_does_not_switch():
     choice = ThreadChoice()
     choice.adopt(2, 2)
@@ -59,8 +66,8 @@ def test_a_probe_within_the_margin_does_not_switch():
 def test_the_first_generation_starts_at_the_prior_and_later_ones_keep_what_was_learnt():
     choice = ThreadChoice()
     choice.adopt(1, 2)  # a profile's split said 1 (measured while the machine was busy)
-    drive(choice, {2: 40.0, 1: 65.0}, GAP_MIN + 1)
-    assert choice.current == 2  # the first probe found every core faster
+    ran = drive(choice, {2: 40.0, 1: 65.0}, GAP_FIRST + 2)
+    assert choice.current == 2 and ran[GAP_FIRST] == 2  # the first probe, soon, found every core faster
     choice.adopt(1, 2)  # the next generation's prior is the same stale 1: the live choice stands
     assert choice.current == 2 and choice.pick() == 2
 
