@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from ssd_edge.bench.calibrate import PROVISIONAL_RETRY_S
+from ssd_edge.bench.machine import busy_cores
+
 ROOT = Path(__file__).resolve().parents[1]
 SSD = str(Path(sys.executable).with_name("ssd-edge"))
 HELD_OUT = ["Write a Python function that returns the n-th prime number, with a docstring and two doctests.",
@@ -81,6 +84,17 @@ def profile_state() -> dict:
                                                                  for c in raw["costs"]}}
 
 
+def age_profile(seconds: float) -> None:
+    """Set the saved profile's measuring date `seconds` back (what the retry interval reads)."""
+    import datetime as dt
+
+    f = profile_file()
+    raw = json.loads(f.read_text())
+    created = dt.datetime.fromisoformat(raw["created"]) - dt.timedelta(seconds=seconds)
+    raw["created"] = created.isoformat(timespec="seconds")
+    f.write_text(json.dumps(raw, indent=2))
+
+
 def forget_profile() -> None:
     f = profile_file()
     if f is not None:
@@ -125,6 +139,13 @@ def main() -> int:
             sc["profile_after_busy_first_use"] = profile_state()
             sc["modes"] = compare([("auto", None), ("ar", cores)], a.n, a.pairs)
             sc["profile_after"] = profile_state()
+            # the next quiet first use replaces it, once PROVISIONAL_RETRY_S passed: the file's date is set back
+            # that far here (nothing else in it changes) rather than waiting 15 minutes
+            age_profile(PROVISIONAL_RETRY_S + 60)
+            again = generate("auto", "Say hello.", 8)
+            sc["quiet_use_after_retry_interval"] = {"busy_cores_after": busy_cores(),
+                                                    "stderr": again["stderr"].splitlines()[-6:],
+                                                    "profile": profile_state()}
             x = sc["modes"]["auto"]["median_tokens_per_s"] / sc["modes"][f"ar -t {cores}"]["median_tokens_per_s"]
             sc["auto_over_ar_all_cores"] = x
         elif name == "busy-runs":
@@ -142,6 +163,7 @@ def main() -> int:
             sc["auto_over_ar"] = sc["modes"]["auto"]["median_tokens_per_s"] / sc["modes"]["ar"]["median_tokens_per_s"]
         else:
             ap.error(f"no scenario {name}")
+        sc["profile_at_end"] = profile_state()
         out["scenarios"][name] = sc
         print({k: v for k, v in sc.items() if k.startswith("auto_")}, flush=True)
         Path(a.output).write_text(json.dumps(out, indent=1))
