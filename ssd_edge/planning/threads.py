@@ -15,7 +15,9 @@ The rule, counted in plain target steps (the rounds that draft nothing, after th
     falls back to GAP_MIN after a switch, or at once when the current count's last SLOW_ROUNDS rounds
     all ran SLOWER times slower than when it was last compared (the machine changed, not one stray
     step: a probe follows at once);
-  - switch: to a candidate whose probe ran under (1 - MARGIN) x the current count's recent ms per step.
+  - switch: to a candidate whose probe ran under (1 - MARGIN) x the current count's recent ms per step;
+    and back at once where its next SLOW_ROUNDS rounds all ran slower than the count it left did in
+    its last rounds (a probe that won on a moment's interference with the other count).
 Lossless: a thread count changes how fast a step runs, not which token it draws, but for the rare
 near-tie that another reduction order in llama.cpp's kernels can flip (tests/lossless_check.py proves
 those), as a batched and a one-token decode can.
@@ -55,6 +57,7 @@ class ThreadChoice:
         self.since = 0                      # plain steps at `current` since the last probe or switch
         self.compared: float | None = None  # current's ms per step when last compared
         self.last: deque[float] = deque(maxlen=SLOW_ROUNDS)  # current's latest rounds, ms per step
+        self.left: tuple[int, float] | None = None  # after a switch: the count left, its best recent round
         self.probing: int | None = None     # the candidate the pending plain round runs at
         self.steps = 0                      # plain steps observed, and those that probed
         self.probed = 0
@@ -95,6 +98,7 @@ class ThreadChoice:
             self.last.clear()
             now = self.recent[self.current].value
             if now is not None and ms_per_step < now * (1 - MARGIN):
+                self.left = (self.current, min(self.last, default=now))
                 self.current, self.gap, self.compared = threads, GAP_MIN, ms_per_step
             else:
                 self.gap, self.compared = max(GAP_MIN, min(2 * self.gap, GAP_MAX)), now
@@ -104,6 +108,13 @@ class ThreadChoice:
         self.since += steps
         ms = self.recent[threads].add(ms_per_step)
         self.last.append(ms_per_step)
+        if self.left is not None and len(self.last) == SLOW_ROUNDS:
+            back, best = self.left
+            self.left = None
+            if min(self.last) > best:  # every round since the switch slower than the count left: go back
+                self.current, self.compared, self.since = back, best, 0
+                self.last.clear()
+                return
         if self.compared is None:
             self.compared = ms
         elif len(self.last) == SLOW_ROUNDS and min(self.last) > SLOWER * self.compared:  # the machine changed

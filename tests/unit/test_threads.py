@@ -104,3 +104,16 @@ def test_one_stray_slow_round_does_not_set_off_a_probe():
         assert choice.pick() == 2
         choice.observe(2, ms, 1)
     assert choice.gap == gap and choice.probed == probed
+
+
+def test_a_switch_won_on_a_moments_interference_goes_back_within_a_few_rounds():
+    choice = ThreadChoice()
+    choice.adopt(2, 2)
+    drive(choice, {2: 80.0, 1: 45.0}, 100)  # a busy core: one thread
+    assert choice.current == 1
+    while choice.pick() == 1:  # up to the next probe of every core
+        choice.observe(1, 45.0, 1)
+    choice.observe(2, 30.0, 1)  # the probe won: the busy loop was off its core that moment
+    assert choice.current == 2
+    ran = drive(choice, {2: 80.0, 1: 45.0}, 6)  # but every core is slow again
+    assert choice.current == 1 and ran.index(1) <= SLOW_ROUNDS
