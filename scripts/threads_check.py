@@ -7,6 +7,9 @@ core (a busy loop pinned to core 0) started and stopped around them:
   busy-runs          calibrated on a quiet machine; the loop runs during the generations: auto against
                      `ar -t CORES` and `ar -t CORES-1`
   quiet              auto against ar, both at their default threads, nothing else running
+  following          auto following the machine against auto at a fixed -t CORES, nothing else running
+                     (what the live choice costs where nothing changes; with -m qwen2.5-coder-1.5b:bf16,
+                     in the BF16 stand-in's regime)
 
 Each scenario runs its modes in turn on the same held-out prompts (not the calibration probe's),
 `--pairs` times with the order swapped every other pass; decode tokens/s medians, ratios, and each
@@ -50,6 +53,9 @@ class BusyCore:
         time.sleep(2.0)  # the core goes quiet
 
 
+MODEL: list[str] = []  # -m NAME, where given
+
+
 def generate(mode: str, prompt: str, n: int, threads: int | None = None, calibrate: bool = True) -> dict:
     """One `ssd-edge generate` run; its --json object (stderr kept for the calibration lines)."""
     cmd = [SSD, "generate", "--chat", "--json", "--mode", mode, "-n", str(n), "--temp", "0", prompt]
@@ -57,6 +63,7 @@ def generate(mode: str, prompt: str, n: int, threads: int | None = None, calibra
         cmd[2:2] = ["-t", str(threads)]
     if not calibrate:
         cmd.insert(2, "--no-calibrate")
+    cmd[2:2] = MODEL
     got = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900)
     out = json.loads(got.stdout)
     out["stderr"] = got.stderr
@@ -124,10 +131,13 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=200, help="tokens a generation (default 200)")
     ap.add_argument("--pairs", type=int, default=3, help="alternated passes (default 3)")
     ap.add_argument("--scenarios", default="busy-calibration,busy-runs,quiet")
+    ap.add_argument("-m", "--model", default=None, help="the target (default: the catalog's default pair)")
     ap.add_argument("-o", "--output", default="threads-check.json")
     a = ap.parse_args()
+    if a.model:
+        MODEL[:] = ["-m", a.model]
     cores = len(os.sched_getaffinity(0))
-    out: dict = {"cores": cores, "n": a.n, "pairs": a.pairs, "prompts": HELD_OUT, "scenarios": {}}
+    out: dict = {"cores": cores, "model": a.model, "n": a.n, "pairs": a.pairs, "prompts": HELD_OUT, "scenarios": {}}
     for name in a.scenarios.split(","):
         print(f"{name}:", flush=True)
         sc: dict = {}
@@ -161,6 +171,10 @@ def main() -> int:
         elif name == "quiet":
             sc["modes"] = compare([("auto", None), ("ar", None)], a.n, a.pairs)
             sc["auto_over_ar"] = sc["modes"]["auto"]["median_tokens_per_s"] / sc["modes"]["ar"]["median_tokens_per_s"]
+        elif name == "following":
+            sc["modes"] = compare([("auto", None), ("auto", cores)], a.n, a.pairs)
+            m = {k: v["median_tokens_per_s"] for k, v in sc["modes"].items()}
+            sc["auto_over_fixed"] = m["auto"] / m[f"auto -t {cores}"]
         else:
             ap.error(f"no scenario {name}")
         sc["profile_at_end"] = profile_state()
