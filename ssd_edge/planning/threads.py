@@ -95,10 +95,11 @@ class ThreadChoice:
             self.probed += steps
             self.recent[threads] = Ema(ms_per_step, 0.3)
             self.since = 0
+            best = min(self.last, default=None)  # the current count's best round of late
             self.last.clear()
             now = self.recent[self.current].value
             if now is not None and ms_per_step < now * (1 - MARGIN):
-                self.left = (self.current, min(self.last, default=now))
+                self.left = (self.current, best if best is not None else now)
                 self.current, self.gap, self.compared = threads, GAP_MIN, ms_per_step
             else:
                 self.gap, self.compared = max(GAP_MIN, min(2 * self.gap, GAP_MAX)), now

@@ -117,3 +117,16 @@ def test_a_switch_won_on_a_moments_interference_goes_back_within_a_few_rounds():
     assert choice.current == 2
     ran = drive(choice, {2: 80.0, 1: 45.0}, 6)  # but every core is slow again
     assert choice.current == 1 and ran.index(1) <= SLOW_ROUNDS
+
+
+def test_the_count_left_is_remembered_by_its_best_recent_round():
+    choice = ThreadChoice()
+    choice.adopt(2, 2)
+    drive(choice, {2: 80.0, 1: 45.0}, 100)
+    for ms in (60.0, 50.0, 70.0):  # one thread's rounds of late: the best 50 ms, the average higher
+        choice.observe(1, ms, 1)
+    assert min(choice.last) == 50.0 and choice.recent[1].value > 50.0
+    choice.since = choice.gap  # a probe is due
+    assert choice.pick() == 2
+    choice.observe(2, 30.0, 1)
+    assert choice.left == (1, 50.0)
