@@ -35,7 +35,7 @@ PROMPTS = ["def fib(n):", "Write a short story about a lighthouse keeper.", "Tra
            "Explain the GIL in one paragraph."]
 
 _delay: list[float] = []  # the engine thread's run delay in its last verify, seconds
-_verify = engine_mod.Engine._verify
+_verify = engine_mod._verify_round  # (the engine's verify round, beside class Engine)
 
 
 def _run_delay() -> float:
@@ -43,15 +43,15 @@ def _run_delay() -> float:
         return int(f.read().split()[1]) / 1e9
 
 
-def verify(self, gen, rounds, prop, t_round):
+def verify(target_kv, gen, rounds, prop, t_round, threads):
     d0 = _run_delay()
     try:
-        return _verify(self, gen, rounds, prop, t_round)
+        return _verify(target_kv, gen, rounds, prop, t_round, threads)
     finally:
         _delay.append(_run_delay() - d0)
 
 
-engine_mod.Engine._verify = verify
+engine_mod._verify_round = verify
 
 _planning: list[float] = []  # the engine's Rounds.verifying (ssd: the tree's shape, the policy, the message), s
 _rounds_verifying = planner_mod.Rounds.verifying

@@ -198,12 +198,11 @@ def test_configure_budget_down_and_back_up(small_engine):
 @pytest.mark.real
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_plain_steps_in_c_are_the_rounds_own_tokens(small_engine, monkeypatch, temperature):
-    """Mode ar's steps after the prompt run in one C call each (Engine._plain_run, native.steps); with them
+    """Mode ar's steps after the prompt run in one C call each (engine._plain_run, native.steps); with them
     switched off every step is a round of the engine's Python loop. The two must give the same tokens,
     text and ending, greedy and sampled, ending on an end of generation, a stop string, or the length,
     each from an empty cache (a cached prefix changes the first batch: tests/lossless_check.py)."""
     from ssd_edge.config import SamplingConfig
-    from ssd_edge.engine import Engine
 
     if not native_built:
         skip_or_fail("native.steps")
@@ -218,7 +217,7 @@ def test_plain_steps_in_c_are_the_rounds_own_tokens(small_engine, monkeypatch, t
         for c_steps in (True, False):
             with monkeypatch.context() as m:
                 if not c_steps:
-                    m.setattr(Engine, "_plain_run", lambda *args: None)
+                    m.setattr("ssd_edge.engine._plain_run", lambda *args: None)
                 small_engine.target_kv.truncate(0)
                 toks, fin = events(small_engine, mode="ar", sampling=s, **case)
             runs.append((fin.tokens, fin.text, fin.stop_reason, fin.stats.tokens, fin.stats.rounds, len(toks)))
