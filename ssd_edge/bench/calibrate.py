@@ -1,10 +1,12 @@
 """`ssd-edge calibrate`: measure this device, save a profile for mode `auto`.
 
-What is measured, on the loaded pair (each a median of `reps` runs):
+What is measured, on the loaded pair (bench/timings.py times the decodes):
   1. step costs: one llama_decode of n = 1 .. k_max + 1 tokens, for the target
      (a verify of k = n - 1 drafted tokens; k_max reaches the planner's longest
      draft) and the draft (a step, a catch-up read, a batch of branches), at each
-     thread count worth trying (1, half the cores, all);
+     thread count worth trying (1, half the cores, all): the fastest of `reps`
+     repetitions interleaved over the counts, a one-token step slower on more
+     threads measured again;
   2. contention: for each (target threads, draft threads) split, how much the
      target slows while the draft decodes beside it, timed interleaved (a decode
      alone, one beside the busy draft, again and again); a figure below 1 is a
@@ -14,6 +16,8 @@ What is measured, on the loaded pair (each a median of `reps` runs):
      SSD hit rate from an `ssd` run.
 The profile goes to the user cache (ssd_edge.paths.profiles_dir()), one file per
 (device, model pair); the planner's cost model (planning/costs.py) starts from it.
+Measured while other work kept cores busy (or with an inversion that stays), it
+is saved provisional: used, and measured again at a later quiet first use.
 """
 
 from __future__ import annotations
@@ -45,7 +49,6 @@ PROBE = [
     [{"role": "user", "content": "Explain in a short paragraph why the sky looks blue during the day "
                                  "and red at sunset."}],
 ]
-
 
 
 @dataclass
