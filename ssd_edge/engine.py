@@ -178,11 +178,7 @@ class Engine(Pair):
             constraint = constraint.grammar(self.chat_template())
         compiled = compile_constraint(constraint, self.grammar_tokenizer()) if constraint is not None else None
         prompt_ids = list(tokens) if tokens is not None else self.prompt_tokens(prompt, messages)
-        if not prompt_ids:
-            raise ConfigError("the prompt is empty")
-        if len(prompt_ids) >= self.config.n_ctx:
-            raise ContextFullError(f"the prompt has {len(prompt_ids)} tokens and does not fit in the context of "
-                                   f"{self.config.n_ctx} (raise -c/--ctx-size)")
+        self.check_prompt(prompt_ids)
         mode = mode or self.config.mode
         if mode in ("sd", "ssd") and not self.has_draft:
             raise ConfigError(f"mode '{mode}' needs a draft model (-md)")

@@ -275,15 +275,19 @@ class Pair:
         moves. Between generations."""
         return self.target_kv.held_for(tokens) if tokens else 0
 
-    def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> Prefilled:
-        """Read the prompt `tokens` into the target's cache and generate nothing (an editor's warm-up): the
-        cached prefix is kept, the rest decoded a batch at a time, `cancel` checked between batches. The
-        next generation whose prompt starts with these tokens reads only what follows them."""
+    def check_prompt(self, tokens: Sequence[int]) -> None:
+        """A prompt the target's context can read and still answer: not empty, shorter than n_ctx."""
         if not tokens:
             raise ConfigError("the prompt is empty")
         if len(tokens) >= self.config.n_ctx:
             raise ContextFullError(f"the prompt has {len(tokens)} tokens and does not fit in the context of "
                                    f"{self.config.n_ctx} (raise -c/--ctx-size)")
+
+    def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> Prefilled:
+        """Read the prompt `tokens` into the target's cache and generate nothing (an editor's warm-up): the
+        cached prefix is kept, the rest decoded a batch at a time, `cancel` checked between batches. The
+        next generation whose prompt starts with these tokens reads only what follows them."""
+        self.check_prompt(tokens)
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this engine is already generating; one generation at a time")
         try:
