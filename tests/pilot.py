@@ -27,9 +27,16 @@ async def wait_for(pilot, condition, timeout: float = 10.0) -> None:
         await pilot.pause(0.02)
 
 
+async def mounted(pilot, selector: str):
+    """The screen's widget matching selector, once mounted: a dialog's nested
+    children mount after the screen itself shows."""
+    await wait_for(pilot, lambda: bool(pilot.app.screen.query(selector)))
+    return pilot.app.screen.query_one(selector)
+
+
 async def press_button(pilot, selector: str) -> None:
     """Press a dialog button (not a click: a notification toast may lie over it)."""
-    pilot.app.screen.query_one(selector).press()
+    (await mounted(pilot, selector)).press()
     await pilot.pause()
 
 

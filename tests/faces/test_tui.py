@@ -18,7 +18,7 @@ from tui.widgets.chat import ChatView
 from tui.screens import ChatsScreen, HelpScreen, MissingModelsScreen
 from tui.widgets.chat import PromptInput
 from tui.widgets.panel import Gauge
-from pilot import SIZE, make_app, press_button, send, wait_for
+from pilot import SIZE, make_app, mounted, press_button, send, wait_for
 from scripted import REPLY, ScriptedEngine, factory
 
 
@@ -125,7 +125,7 @@ async def test_mode_k_and_temperature_reach_the_engine():
         await pilot.press("f4")
         await pilot.pause()
         dialog = app.screen
-        dialog.query_one("#k").value = "99"
+        (await mounted(pilot, "#k")).value = "99"
         await press_button(pilot, "#ok")
         assert "spec.k" in str(dialog.query_one("#error").render())  # ConfigError shown, dialog stays
         assert app.screen is dialog and make.engine.config.spec.k is None  # unchanged: auto plans it
@@ -192,7 +192,7 @@ async def test_new_chat_and_system_prompt():
         assert app.chat.id != first and app.chat.messages == []
         await pilot.press("f2")
         await pilot.pause()
-        app.screen.query_one("#system").text = "Answer in French."
+        (await mounted(pilot, "#system")).text = "Answer in French."
         await press_button(pilot, "#ok")
         await send(pilot, app, "two")
         assert make.engine.requests[-1] == [{"role": "system", "content": "Answer in French."},
@@ -246,7 +246,7 @@ async def test_missing_models_are_offered_and_pulled(tmp_path):
     app = make_app(make, cfg=cfg, models_dir=str(models), pull=fake_pull)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen))
-        assert "ssd-edge models pull smollm2-135m" in str(app.screen.query_one("#missing").render())
+        assert "ssd-edge models pull smollm2-135m" in str((await mounted(pilot, "#missing")).render())
         await press_button(pilot, "#pull")
         await wait_for(pilot, lambda: app.phase == "ready")
         assert pulled == ["smollm2-135m"] and app.engine is not None
@@ -285,8 +285,8 @@ async def test_model_picker_rebuilds_the_engine_in_a_worker():
         first = make.engine
         await pilot.press("f6")
         await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
-        app.screen.query_one("#target").value = "smollm2-135m"
-        app.screen.query_one("#draft").value = "none"
+        (await mounted(pilot, "#target")).value = "smollm2-135m"
+        (await mounted(pilot, "#draft")).value = "none"
         await press_button(pilot, "#ok")
         await wait_for(pilot, lambda: make.engine is not first and app.phase == "ready")
         assert first.closed  # the old engine is closed before the new one loads
