@@ -7,9 +7,7 @@ proposers (proposers.py says how they are priced); it runs on the engine thread.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Sequence
-
-import numpy as np
+from typing import Any, Callable
 
 from ..speculation.drafters import Draft
 from ..speculation.proposer import Ask, Bid, Decision, Offer, Verified
@@ -26,18 +24,37 @@ IDLE_QUIET = 1.05    # a worker slowing the target by at most this (a GPU target
 IDLE_DOUBLINGS = 3   # ... each rest after busy verifies that found so doubles the busy rounds to the next, up to 8x
 
 
-def tree_step_ms(timed: Sequence[tuple[int, float]], curve: Callable[[int], float], most: int) -> list[float]:
-    """ms of a tree's batched step of 1..most branches: a line a + b n through the steps the worker timed
-    (host work included: it differs from the draft's calibrated curve, which reads whole rows), once
-    two sizes are timed; before that the curve."""
-    sizes = {n for n, _ in timed}
-    if len(sizes) < 2:
-        return [curve(n) for n in range(1, most + 1)]
-    n = np.array([x for x, _ in timed], float)
-    ms = np.array([y for _, y in timed], float)
-    b = max(0.0, float(np.cov(n, ms, bias=True)[0, 1] / max(np.var(n), 1e-9)))
-    a = float(ms.mean() - b * n.mean())
-    return [max(a + b * k, 1e-3) for k in range(1, most + 1)]
+class StepLine:
+    """ms of a tree's batched step of n branches: a line a + b n through the last `keep` steps the worker
+    timed (host work included: it differs from the draft's calibrated curve, which reads whole rows),
+    once two sizes are timed; before that the curve. Its sums are kept as steps come and go, so the
+    engine thread prices a tree in microseconds before each verify (numpy's cov and var over the
+    same 64 points took ~0.25 ms of it)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.timed: deque[tuple[int, float]] = deque()
+        self.keep = keep
+        self.sums = [0.0] * 5  # count, sum n, sum ms, sum n^2, sum n ms
+
+    def add(self, n: int, ms: float) -> None:
+        self._sum(n, ms, 1.0)
+        self.timed.append((n, ms))
+        if len(self.timed) > self.keep:
+            self._sum(*self.timed.popleft(), -1.0)
+
+    def _sum(self, n: int, ms: float, sign: float) -> None:
+        count, sn, sms, snn, snms = self.sums
+        self.sums = [count + sign, sn + sign * n, sms + sign * ms, snn + sign * n * n, snms + sign * n * ms]
+
+    def ms(self, curve: Callable[[int], float], most: int) -> list[float]:
+        """[ms of a step of 1 .. most branches]."""
+        count, sn, sms, snn, snms = self.sums
+        var = snn - sn * sn / count if count else 0.0
+        if var < 1e-6:  # (one size timed, or none: the line is not determined)
+            return [curve(n) for n in range(1, most + 1)]
+        b = max(0.0, (snms - sn * sms / count) / var)
+        a = (sms - b * sn) / count
+        return [max(a + b * k, 1e-3) for k in range(1, most + 1)]
 
 
 class PreparedProposer:
@@ -64,7 +81,7 @@ class PreparedProposer:
         self.idle_backoff = int(costs.contention <= IDLE_QUIET)
         self._compared = 0  # busy-vs-idle comparisons at the last rest
         self.prefilled = False  # the prompt's round has been observed
-        self.tree_steps: deque[tuple[int, float]] = deque(maxlen=64)  # the worker's batched steps: (rows, ms)
+        self.tree_steps = StepLine()  # the worker's batched steps: (rows, ms)
         self.setup_ms: float | None = None  # the worker's ranking and branch setup before its first step
         self.window_ms: dict[int, float] = {}  # verify size -> its time with the worker busy (what a tree hides in)
 
@@ -199,7 +216,7 @@ class PreparedProposer:
         self._take_timings()
         start = self.costs.draft.ms(1) + (self.setup_ms or 0.0)
         window = self.window_ms.get(verifying) or self.costs.target.ms(verifying) * self.costs.contention
-        step = [0.0] + tree_step_ms(self.tree_steps, self.costs.draft.ms, max(1, most))
+        step = [0.0] + self.tree_steps.ms(self.costs.draft.ms, max(1, most))
         verify, g = self.costs.target.ms, self.acceptance.gains(depth)
         miss = g[depth] / (depth * step[1] + verify(depth + 1))  # tokens a ms of a round drafted just in time
         shortest = next((s for s in range(1, depth + 1) if g[s] / verify(s + 1) > miss), depth)
@@ -216,7 +233,7 @@ class PreparedProposer:
         while steps:
             rows, ms = steps.popleft()
             if rows:  # a batched step of `rows` branches, host work included
-                self.tree_steps.append((rows, ms))
+                self.tree_steps.add(rows, ms)
             else:  # from the verify's start to the first step, less the read: the message, ranking, setup
                 self.setup_ms = running_mean(self.setup_ms, ms, 0.2)
 

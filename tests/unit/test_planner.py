@@ -812,12 +812,22 @@ def test_the_tree_is_as_wide_as_the_verify_hides_and_its_short_branches_as_deep(
 def test_the_trees_steps_are_priced_from_the_workers_own_timings():
     """Once the worker has timed steps of two sizes, a tree step is priced by the line through them (host
     work included), not by the draft's calibrated curve (whose batches read whole rows)."""
-    from ssd_edge.planning.prepared import tree_step_ms
+    from ssd_edge.planning.prepared import StepLine
 
     curve = lambda n: 1.0 * n  # noqa: E731
-    assert tree_step_ms([(3, 0.5)] * 4, curve, 3) == [1.0, 2.0, 3.0]  # one size: the curve
-    got = tree_step_ms([(1, 0.30), (9, 0.50), (1, 0.30), (9, 0.50)], curve, 9)
+
+    def line(steps, keep=64):
+        out = StepLine(keep)
+        for n, ms in steps:
+            out.add(n, ms)
+        return out
+
+    assert line([(3, 0.5)] * 4).ms(curve, 3) == [1.0, 2.0, 3.0]  # one size: the curve
+    got = line([(1, 0.30), (9, 0.50), (1, 0.30), (9, 0.50)]).ms(curve, 9)
     assert got[0] == pytest.approx(0.30) and got[8] == pytest.approx(0.50) and got[4] == pytest.approx(0.40)
+    # the last `keep` steps only: older ones leave the sums (a slower line, forgotten)
+    got = line([(1, 3.0), (9, 5.0)] * 5 + [(1, 0.30), (9, 0.50)] * 2, keep=4).ms(curve, 9)
+    assert got[0] == pytest.approx(0.30) and got[8] == pytest.approx(0.50)
     b = Bench(cap=8, curve=GPU_VERIFY, costs=Costs(GPU_VERIFY, [0.25] + [3.0] * 8, contention=1.0))
     teach_draft(b, 0.95)
     assert b.prepared.tree_shape(9, 8, 9)[0] == 1  # the curve's 3 ms a batch: no tree fits
