@@ -56,8 +56,12 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
         for a in range(n):
             grid[a, :len(cands[a].ids)] = cands[a].ids
         noise = gumbels(seed, first + np.arange(n)[:, None], grid).tolist()
-    # in Python floats: eight numbers a position, where numpy's calls cost more than the arithmetic
+    # in Python floats: eight numbers a position, where numpy's calls cost more than the arithmetic. An
+    # outcome under min_confidence is never prepared, so none is made (nor any of a length whose P(a) is)
     for a in range(n):
+        pa = float(p_accept[a])
+        if pa < min_confidence:
+            continue
         ids, pr = cands[a].ids.tolist(), cands[a].probs.tolist()
         g = noise[a][:len(ids)] if noise is not None else None
         if a < k:
@@ -73,20 +77,14 @@ def rank_outcomes(draft: Sequence[int], cands: Sequence[Candidates], p_accept: n
             for r, j in enumerate(order):
                 ranked[j] = desc[r]
             pr = ranked
-        pa = float(p_accept[a])
-        scored.extend(Outcome(a, t, pa * pb) for t, pb in zip(ids, pr))
+        scored.extend(Outcome(a, t, pa * pb) for t, pb in zip(ids, pr) if pa * pb >= min_confidence)
     scored.sort(key=lambda o: -o.score)
     # the tree: each acceptance length's likeliest outcome first, then second guesses, each part by score
     lengths: set[int] = set()
     first = [o for o in scored if not (o.a in lengths or lengths.add(o.a))]
     chosen = {id(o) for o in first}
-    plan: list[Outcome] = []
-    for o in first + [o for o in scored if id(o) not in chosen]:
-        if len(plan) >= fanout or (len(plan) + 1) * cells_per_branch > budget_cells:
-            break
-        if o.score >= min_confidence:
-            plan.append(o)
-    return plan
+    most = min(fanout, budget_cells // cells_per_branch) if cells_per_branch > 0 else fanout * (budget_cells >= 0)
+    return (first + [o for o in scored if id(o) not in chosen])[:max(most, 0)]
 
 
 @dataclass
