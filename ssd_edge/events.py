@@ -164,6 +164,8 @@ class PrespecStats:
     # prepared branches serve
     hits_by_accepted: Mapping[int, tuple[int, int]] = field(default_factory=dict)
     complete_at_lookup: float | None = None  # branches complete (drafted to depth) at a lookup, on average
+    first_decode_ms_p50: float | None = None  # ms from a verify's start to the worker's first decode beside it
+    first_decode_ms_p90: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "miss_reasons", _frozen(self.miss_reasons))

@@ -55,6 +55,7 @@ class BranchTally:
         self._misses: Counter[str] = Counter()  # lookups that found no branch, by why (MISS_REASONS)
         self._by_accepted: dict[int, list[int]] = {}  # the round's accepted count -> [lookups, hits]
         self._complete = [0, 0]  # branches complete at a lookup: their sum, the lookups counted
+        self._first_decode: list[float] = []  # ms from a verify's start to the worker's first decode beside it
 
     def add_miss(self, reason: str) -> None:
         with self._lock:
@@ -76,6 +77,16 @@ class BranchTally:
         with self._lock:
             by = {a: (n, h) for a, (n, h) in sorted(self._by_accepted.items())}
             return by, self._complete[0] / self._complete[1] if self._complete[1] else None
+
+    def add_first_decode(self, ms: float) -> None:
+        with self._lock:
+            self._first_decode.append(ms)
+
+    def first_decode(self) -> tuple[float | None, float | None]:
+        """(p50, p90) ms from a verify's start to the worker's first decode beside it."""
+        with self._lock:
+            ms = list(self._first_decode)
+        return _pct(ms, 50), _pct(ms, 90)
 
     def misses(self) -> dict[str, int]:
         with self._lock:
@@ -230,6 +241,7 @@ class Meter:
         miss_lat = self.latency_ms["miss"] + self.latency_ms["partial"]
         prepared, used, _, cells_peak = self.branches.read()
         by_accepted, complete = self.branches.lookups()
+        first_decode = self.branches.first_decode()
         seconds, rows = DECODES.read()
         in_decode_s, positions = seconds - self.decodes0[0], rows - self.decodes0[1]
         prespec = PrespecStats(
@@ -241,7 +253,8 @@ class Meter:
             latency_ms_miss_p50=_pct(miss_lat, 50), latency_ms_miss_p95=_pct(miss_lat, 95),
             prepared_tokens=prepared, used_tokens=used, waste=1 - used / prepared if prepared else None,
             branch_cells_peak=cells_peak, budget_cells=self.budget_cells, branch_bytes_peak=cells_peak * self.cell_bytes, budget_bytes=self.budget_cells * self.cell_bytes,
-            miss_reasons=self.branches.misses(), hits_by_accepted=by_accepted, complete_at_lookup=complete)
+            miss_reasons=self.branches.misses(), hits_by_accepted=by_accepted, complete_at_lookup=complete,
+            first_decode_ms_p50=first_decode[0], first_decode_ms_p90=first_decode[1])
         return Stats(
             mode=self.mode, prompt_tokens=self.n_prompt, tokens=self.tokens, rounds=self.steps, wall_s=wall,
             ttft_s=ttft, tokens_per_s=decode_rate(self.tokens, self.first_round_tokens, wall, ttft),

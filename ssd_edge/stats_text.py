@@ -127,6 +127,8 @@ def stats_table(stats: Stats) -> Table:
              or "–"),
             ("hits by accepted count", " ".join(f"{a}:{h}/{n}" for a, (n, h) in pre.hits_by_accepted.items()) or "–"),
             ("branches complete at a lookup", _num(pre.complete_at_lookup, ".1f")),
+            ("worker's first decode after a verify's start p50 / p90",
+             f"{_num(pre.first_decode_ms_p50, '.3f')} / {_num(pre.first_decode_ms_p90, '.3f')} ms"),
             ("latency hit p50 / miss p50",
              f"{_num(pre.latency_ms_hit_p50, '.0f')} / {_num(pre.latency_ms_miss_p50, '.0f')} ms"),
             ("prepared / used tokens", f"{pre.prepared_tokens} / {pre.used_tokens}"),

@@ -83,6 +83,7 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
     latencies: list[float] = []
     modes_run: Counter[str] = Counter()
     spec_rounds = 0
+    verify_ms: dict[str, list[float]] = {}  # size -> [alone, their ms, with the worker beside, their ms]
     finish = None
     with RssPeak() as rss:
         shaped = dict(tokens=asked.tokens, constraint=asked.shape.constraint) if asked else dict(messages=prompt.messages)
@@ -95,6 +96,10 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
                 r = ev.round  # the last of ev.rounds rounds (several: plain steps made in one call)
                 modes_run[r.mode] += ev.rounds
                 spec_rounds += r.drafted > 0
+                if r.index > 0 and r.steps == 1 and ev.rounds == 1:  # one verify (not the prompt's, not a plain run)
+                    cell = verify_ms.setdefault(str(r.drafted + 1), [0, 0.0, 0, 0.0])
+                    cell[2 * (r.beside > 0)] += 1
+                    cell[2 * (r.beside > 0) + 1] += r.verify_ms
                 if r.index > 0 and ev.tokens:  # the first round carries the prompt's prefill (TTFT)
                     latencies.extend([ev.wall_ms / len(ev.tokens)] * len(ev.tokens))
         finally:
@@ -109,7 +114,8 @@ def run_one(engine, setting: str, mode: str, prompt: BenchPrompt, *, rep: int, s
         drafted=st.drafted, accepted=st.accepted, spec_rounds=spec_rounds, rounds=st.rounds,
         lookups=pre.lookups, hits=pre.hits, partial_hits=pre.partial_hits, miss_reasons=dict(pre.miss_reasons),
         hits_by_accepted={str(a): list(nh) for a, nh in pre.hits_by_accepted.items()},
-        complete_at_lookup=pre.complete_at_lookup,
+        complete_at_lookup=pre.complete_at_lookup, first_decode_ms_p50=pre.first_decode_ms_p50,
+        first_decode_ms_p90=pre.first_decode_ms_p90, verify_ms=verify_ms,
         draft_busy_s=st.draft_busy_s, target_busy_s=st.target_busy_s, in_decode_s=st.in_decode_s,
         positions=st.positions, host_by_worker={w: list(sp) for w, sp in st.host_by_worker.items()},
         threads=st.to_dict()["threads"], peak_rss_mib=rss.peak / 2**20,

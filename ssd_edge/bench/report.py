@@ -55,7 +55,7 @@ def _rows_for(setting: str, mode: str, category: str, runs: list[RunRecord], k: 
         draft_util=_ratio(sum(r.draft_busy_s for r in runs), wall),
         target_util=_ratio(sum(r.target_busy_s for r in runs), wall),
         host_ms_per_position=_ratio(1e3 * (wall - sum(r.in_decode_s for r in runs)), positions) if positions else None,
-        host_ms_per_position_by_worker=_host_by_worker(runs),
+        host_ms_per_position_by_worker=_host_by_worker(runs), **_first_decode(runs),
         peak_rss_mib=max(r.peak_rss_mib for r in runs), answer_s=wall / len(runs), **_structured(runs))
 
 
@@ -71,6 +71,37 @@ def _host_by_worker(runs: list[RunRecord]) -> dict[str, float]:
     return out
 
 
+def _first_decode(runs: list[RunRecord]) -> dict[str, float]:
+    """The runs' median first_decode_ms_p50 and _p90 (where the SSD worker ran)."""
+    out = {}
+    for q in ("p50", "p90"):
+        got = [v for r in runs if (v := getattr(r, f"first_decode_ms_{q}")) is not None]
+        if got:
+            out[f"first_decode_ms_{q}"] = statistics.median(got)
+    return out
+
+
+def _verify_slowdowns(rows: list[SummaryRow], groups: dict[tuple[str, str, str], list[RunRecord]]) -> None:
+    """Each row's verify_slowdown: its verifies' time with the SSD worker beside them over what the same
+    sizes took alone in its setting (every mode's verifies alone pooled: sd's, ar's steps, rests)."""
+    alone: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for (setting, _, category), runs in groups.items():
+        if category == ALL:
+            for r in runs:
+                for size, (n, ms, _, _) in r.verify_ms.items():
+                    alone[(setting, size)][0] += n
+                    alone[(setting, size)][1] += ms
+    for row in rows:
+        beside = expected = 0.0
+        for r in groups.get((row.setting, row.mode, row.category), ()):
+            for size, (_, _, n, ms) in r.verify_ms.items():
+                base = alone.get((row.setting, size))
+                if n and base and base[0]:
+                    beside += ms
+                    expected += n * base[1] / base[0]
+        row.verify_slowdown = beside / expected if expected else None
+
+
 def _host_table(rows: list[SummaryRow]) -> list[str]:
     """Host ms per position by what the pre-speculation worker did beside each verify, for the modes
     where it ran: a tree's cost to the engine thread (the interpreter lock the two share) shows as its
@@ -79,11 +110,15 @@ def _host_table(rows: list[SummaryRow]) -> list[str]:
     if not shown:
         return []
     out = ["", "Host ms/pos by what the SSD worker did beside the verify (alone: nothing; branch: the likeliest "
-           "outcome's; tree: several at once):", "", "| setting | mode | " + " | ".join(WORKER_BESIDE) + " |",
-           "|---|---|" + "--:|" * len(WORKER_BESIDE)]
+           "outcome's; tree: several at once); the verifies' time beside the worker over alone (same sizes); ms "
+           "from a verify's start to the worker's first decode:", "",
+           "| setting | mode | " + " | ".join(WORKER_BESIDE) + " | verify beside / alone | first decode p50 / p90 ms |",
+           "|---|---|" + "--:|" * (len(WORKER_BESIDE) + 2)]
     for r in shown:
         by = r.host_ms_per_position_by_worker
-        out.append(f"| {r.setting} | {r.mode} | " + " | ".join(_f(by.get(w), '.3f') for w in WORKER_BESIDE) + " |")
+        out.append(f"| {r.setting} | {r.mode} | " + " | ".join(_f(by.get(w), '.3f') for w in WORKER_BESIDE) +
+                   f" | {_f(r.verify_slowdown, '.3f')} | {_f(r.first_decode_ms_p50, '.3f')} / "
+                   f"{_f(r.first_decode_ms_p90, '.3f')} |")
     return out
 
 
@@ -135,6 +170,7 @@ def summarize(runs: Iterable[RunRecord], peer: Iterable[PeerRecord] = (), k: int
         if r.valid is not None:
             groups[(r.setting, r.mode, STRUCTURED)].append(r)
     rows = [_rows_for(s, m, c, rs, 0 if m == "ar" else (None if m == "auto" else k)) for (s, m, c), rs in groups.items()]
+    _verify_slowdowns(rows, groups)
     pgroups: dict[tuple[str, str, int, str], list[PeerRecord]] = defaultdict(list)
     for r in peer:
         pgroups[(r.setting, r.kind, r.k, r.category)].append(r)

@@ -117,6 +117,11 @@ class RunRecord(BaseModel):
     hits_by_accepted: dict[str, list[int]] = Field(default_factory=dict, description="by the looked-up round's "
                                                    "accepted count: [lookups, hits] (PrespecStats)")
     complete_at_lookup: float | None = Field(default=None, description="branches complete at a lookup, on average")
+    first_decode_ms_p50: float | None = Field(default=None, description="ms from a verify's start to the SSD "
+                                              "worker's first decode beside it (PrespecStats), median")
+    first_decode_ms_p90: float | None = Field(default=None, description="the same, 90th percentile")
+    verify_ms: dict[str, list[float]] = Field(default_factory=dict, description="by verify size (tokens): [verifies "
+                                              "alone, their ms, verifies with the SSD worker beside, their ms]")
     draft_busy_s: float
     target_busy_s: float
     in_decode_s: float = Field(default=0.0, description="time inside llama_decode on the generating thread (Stats)")
@@ -203,6 +208,10 @@ class SummaryRow(BaseModel):
     host_ms_per_position_by_worker: dict[str, float] = Field(default_factory=dict, description="the same, by what "
                                                              "the worker did beside a round's verify: alone, "
                                                              "branch (one), tree (several at once)")
+    verify_slowdown: float | None = Field(default=None, description="the verifies' time with the SSD worker beside "
+                                          "them over the same sizes' time alone in the setting (any mode's), pooled")
+    first_decode_ms_p50: float | None = Field(default=None, description="the runs' median first_decode_ms_p50")
+    first_decode_ms_p90: float | None = Field(default=None, description="the runs' median first_decode_ms_p90")
     peak_rss_mib: float | None
     answer_s: float | None = Field(default=None, description="mean seconds per answer, prompt to last token "
                                    "(llama-server: the request's wall time)")

@@ -351,17 +351,61 @@ static PyObject *steps(PyObject *self, PyObject *arg) {
 
 /* ---------------------------------------------------------------- the priced backend (priced.c) */
 
-/* spin(seconds[, flag]) -> False if the byte at address flag turned non-zero first (an abort), else True:
- * the priced backend's wait, with the interpreter's lock released (spin_core) */
+/* spin(seconds[, flag[, word]]) -> False if the byte at address flag turned non-zero first (an abort), else
+ * True: the priced backend's wait, with the interpreter's lock released (spin_core); a word (not 0) is bumped
+ * once the lock is released (wake.c: the priced target's decode wakes SSD's draft side as it starts) */
 static PyObject *spin(PyObject *self, PyObject *args) {
     double seconds;
-    unsigned long long flag = 0;
-    if (!PyArg_ParseTuple(args, "d|K", &seconds, &flag)) return NULL;
+    unsigned long long flag = 0, word = 0;
+    if (!PyArg_ParseTuple(args, "d|KK", &seconds, &flag, &word)) return NULL;
     int waited;
     Py_BEGIN_ALLOW_THREADS
+    if (word) wake_bump_core((uint32_t *)(uintptr_t)word);
     waited = spin_core(seconds, (const volatile char *)(uintptr_t)flag);
     Py_END_ALLOW_THREADS
     return PyBool_FromLong(waited);
+}
+
+/* ---------------------------------------------------------------- the draft side's wake (wake.c) */
+
+/* wake_bump(word): the 32-bit word at that address + 1, its waiters woken */
+static PyObject *wake_bump(PyObject *self, PyObject *args) {
+    unsigned long long word;
+    if (!PyArg_ParseTuple(args, "K", &word)) return NULL;
+    wake_bump_core((uint32_t *)(uintptr_t)word);
+    Py_RETURN_NONE;
+}
+
+/* wake_await(word, seen, spin_s, timeout_s) -> True once the word differs from seen, False after timeout_s;
+ * the interpreter's lock released while it waits */
+static PyObject *wake_await(PyObject *self, PyObject *args) {
+    unsigned long long word;
+    unsigned int seen;
+    double spin_s, timeout_s;
+    if (!PyArg_ParseTuple(args, "KIdd", &word, &seen, &spin_s, &timeout_s)) return NULL;
+    int moved;
+    Py_BEGIN_ALLOW_THREADS
+    moved = wake_await_core((uint32_t *)(uintptr_t)word, (uint32_t)seen, spin_s, timeout_s);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(moved);
+}
+
+/* decode_woken(decode, ctx, batch, batch_size, word) -> llama_decode(ctx, *batch)'s code, the word bumped
+ * first, both with the interpreter's lock released (a target's decode that wakes SSD's draft side) */
+static PyObject *decode_woken(PyObject *self, PyObject *args) {
+    unsigned long long fn, ctx, batch, word;
+    long long size;
+    if (!PyArg_ParseTuple(args, "KKKLK", &fn, &ctx, &batch, &size, &word)) return NULL;
+    if (size != (long long)sizeof(llama_batch_t) || !fn || !ctx || !batch) {
+        PyErr_SetString(PyExc_ValueError, "decode_woken: a llama_batch of another layout, or a null pointer");
+        return NULL;
+    }
+    int32_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    if (word) wake_bump_core((uint32_t *)(uintptr_t)word);
+    rc = ((decode_fn)(uintptr_t)fn)((void *)(uintptr_t)ctx, *(llama_batch_t *)(uintptr_t)batch);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
 }
 
 /* copy_rows(out, src, index, width): out's row i = src's row index[i] (float32 rows of `width`), with the
@@ -426,8 +470,15 @@ static PyMethodDef methods[] = {
     {"priced_choices", priced_choices, METH_VARARGS,
      "priced_choices(tails, lengths, positions, agreement, ties, pool, runner_up) -> bytes (n x 5 int64)"},
     {"spin", spin, METH_VARARGS,
-     "spin(seconds[, flag]): busy-wait that long with the interpreter's lock released; False if the byte at address "
-     "flag turned non-zero first (an abort)."},
+     "spin(seconds[, flag[, word]]): busy-wait that long with the interpreter's lock released; False if the byte at "
+     "address flag turned non-zero first (an abort); a 32-bit word at address word is bumped as it starts."},
+    {"wake_bump", wake_bump, METH_VARARGS, "wake_bump(word): the 32-bit word at that address + 1, its waiters woken."},
+    {"wake_await", wake_await, METH_VARARGS,
+     "wake_await(word, seen, spin_s, timeout_s) -> True once the word differs from seen, False after timeout_s "
+     "(spinning spin_s, then asleep), the interpreter's lock released."},
+    {"decode_woken", decode_woken, METH_VARARGS,
+     "decode_woken(decode, ctx, batch, batch_size, word) -> llama_decode's code: the word bumped, then the decode, "
+     "the interpreter's lock released (llama.cpp's function and objects by address)."},
     {"support", support, METH_VARARGS,
      "support(row, top_k, top_p, min_p, temperature) -> (ids, p) as bytes (int64 ascending, float64), or None: "
      "sampling.support's chain on the row's top_k candidates."},

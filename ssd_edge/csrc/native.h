@@ -7,6 +7,7 @@
  *   steps.c     mode ar's plain steps in one call: decode, draw from the row, decode the drawn token, ...
  *   row_hook.c  the row hook that calls a Python callable from the steps' loop
  *   priced.c    the priced backend's work: its busy wait, its rows' copies, its language's choices
+ *   wake.c      the word that wakes SSD's draft side at a verify's start (a futex on Linux)
  *   module.c    the Python entry points (arguments in, results out) and the module itself
  *
  * The functions on a row answer 1 (done), 0 (not the C pass's to decide: NaN, ties past its buffer; the
@@ -160,6 +161,13 @@ void priced_choices_core(const int64_t *tails, const int64_t *lengths, const int
 int spin_core(double seconds, const volatile char *stop);
 /* out's row i = src's row at[i], float32 rows of width (the indices checked) */
 void copy_rows_core(float *out, const float *src, const int64_t *at, ptrdiff_t n, ptrdiff_t width);
+
+/* ---------------------------------------------------------------- wake.c */
+
+/* the word + 1, and its waiters woken */
+void wake_bump_core(uint32_t *word);
+/* until the word differs from seen (1), spinning spin_s then asleep, or timeout_s in all (0) */
+int wake_await_core(uint32_t *word, uint32_t seen, double spin_s, double timeout_s);
 
 /* seconds on the monotonic clock (the steps' limit, the busy wait) */
 static inline double now_s(void) {

@@ -21,9 +21,9 @@ from .model import Model
 from .rpc_guard import GUARD
 
 try:  # plain steps in one C call (Context.steps); without the extension, each step is a round of the engine's
-    from ..native import steps as native_steps
+    from ..native import decode_woken, steps as native_steps
 except ImportError:  # pragma: no cover - a build without the extension
-    native_steps = None
+    native_steps = decode_woken = None
 
 
 # llama.cpp's enum values (ggml_type; llama_flash_attn_type), spelled here so that importing this
@@ -134,6 +134,8 @@ class Context:
         self._logits_address = _logits_address()
         self._views: dict[tuple[int, int], np.ndarray] = {}  # (address, rows) -> the rows over the output buffer
         self._steps_call: StepsCall | None = None  # native.steps's argument, llama.cpp's part found at the first call
+        self.wake: Any = None  # SSD's Wake (prespec/handoff.py), bumped as each decode starts, where the worker set it
+        self.started = 0.0  # perf_counter() as the last decode began
         self.abort = AbortFlag()
         ll.llama_set_abort_callback(self.ptr, self.abort.callback, self.abort.data)
         self._closed = False
@@ -211,6 +213,16 @@ class Context:
         most = min(most, self.n_ctx - pos)
         if most < 1:
             raise ContextFullError(f"context of {self.n_ctx} tokens is full")
+        call = self._native_call()
+        drawn, rc, took, decoded, undecided = native_steps(call.set(token, pos, seq, most, seconds, draws))
+        DECODES.add(took, decoded)
+        if not drawn and not undecided:
+            self._check(rc, 1)
+        row = _floats_at(self._logits_address(self.ptr), self.model.n_vocab) if undecided else None
+        return drawn, row, took
+
+    def _native_call(self) -> StepsCall:
+        """The C entry points' view of this context: llama.cpp's functions and objects by address (found once)."""
         call = self._steps_call
         if call is None:
             lib = ll.llama_cpp._lib
@@ -219,20 +231,22 @@ class Context:
             call = self._steps_call = StepsCall(*fns, _address(self.ptr), _address(self.model.vocab),
                                                 ctypes.addressof(self._batch), ctypes.sizeof(self._batch),
                                                 self.model.n_vocab)
-        drawn, rc, took, decoded, undecided = native_steps(call.set(token, pos, seq, most, seconds, draws))
-        DECODES.add(took, decoded)
-        if not drawn and not undecided:
-            self._check(rc, 1)
-        row = _floats_at(self._logits_address(self.ptr), self.model.n_vocab) if undecided else None
-        return drawn, row, took
+        return call
 
     def _decode_into(self, b: Any, logits_for: Sequence[int], view: bool) -> tuple[int, np.ndarray, float]:
         """llama_decode, then the wanted logit rows: a view of llama.cpp's output buffer (its outputs are
         the flagged tokens in batch order, so ascending logits_for are all of it), or copies; and the
         seconds up to the first read (which synchronizes): the decode's time. Copies are the host's."""
         n_vocab, n_out = self.model.n_vocab, len(logits_for)
-        t0 = time.perf_counter()
-        rc = ll.llama_decode(self.ptr, b)
+        t0 = self.started = time.perf_counter()
+        wake = self.wake
+        if wake is not None and decode_woken is not None:  # SSD's worker woken from C, the lock released
+            call = self._native_call()
+            rc = decode_woken(call.decode, call.ctx, call.batch, call.batch_size, wake.address)
+        else:
+            if wake is not None:
+                wake.bump()
+            rc = ll.llama_decode(self.ptr, b)
         if rc != 0 or not n_out:
             return rc, np.empty((0, n_vocab), dtype=np.float32), time.perf_counter() - t0
         if view:  # the same array while llama.cpp keeps its buffer (a new one where it reallocates it)

@@ -99,14 +99,15 @@ def live_threads(choice: ThreadChoice, mode: str, cfg: EngineConfig, drafts: boo
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
           cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
           step_ms: float | None = None, profile: Profile | None = None, shaping: Shaping | None = None,
-          n_prompt: int = 0, tree: TreeChoice | None = None) -> Rounds:
+          n_prompt: int = 0, tree: TreeChoice | None = None, target: Any = None) -> Rounds:
     """The rounds of one generation in `mode`, priced by this device's profile where there is one
     and a plain step as earlier generations timed it (step_ms). shaping: the generation's constraint,
     bias and penalties (structured/shaping.py), applied to the draft's rows as to the target's; a
     grammar's forced runs go first in every round of a mode that drafts (n_prompt: where the answer
-    begins in a history). tree: whether SSD's tree pays, as earlier generations found (the engine's)."""
+    begins in a history). tree: whether SSD's tree pays, as earlier generations found (the engine's).
+    target: the target's context, whose decodes wake SSD's worker as they start (prespec/handoff.py)."""
     rounds = _build(mode, cfg, sampling, seed, meter, cancelled, draft_kv, n_draft_seqs, step_ms, profile,
-                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None, tree)
+                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None, tree, target)
     if shaping is not None and shaping.matcher is not None and not rounds.plain:
         rounds.forced = ForcedRuns(shaping.cursor(), n_prompt)
     return rounds
@@ -114,7 +115,8 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
 
 def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
            cancelled: Callable[[], bool], draft_kv: KVSeq | None, n_draft_seqs: int, step_ms: float | None,
-           profile: Profile | None, shape: DraftRows | None, tree: TreeChoice | None = None) -> Rounds:
+           profile: Profile | None, shape: DraftRows | None, tree: TreeChoice | None = None,
+           target: Any = None) -> Rounds:
     menu = MENUS[mode]
     beside = runs_beside(cfg)
     t, d = cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None
@@ -143,7 +145,7 @@ def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, me
         from ..speculation.policy import PrespecPolicy  # the modes that pre-speculate import these alone
         from ..speculation.prespec import PrespecWorker
 
-        worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled), PrespecPolicy(p, tree)
+        worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled, target), PrespecPolicy(p, tree)
         prepared = PreparedProposer(worker, policy, acceptance, costs, draft_cap, k_min, planned,
                                     always=menu.worker == "always")
     if ngram is not None and mode == "ssd":  # ssd's n-gram backup: only while a streak of misses offers it

@@ -64,3 +64,19 @@ def test_the_stats_say_where_each_model_ran():
     """Engine.devices, from each model's info: the priced pair's layers all on its (priced) GPU."""
     c = build().complete(messages=PROMPT, max_tokens=4, mode="sd", sampling=GREEDY)
     assert c.stats.devices == {"target": "GPU 29/29 layers", "draft": "GPU 3/3 layers"}
+
+
+def test_ssd_s_worker_is_woken_by_the_target_s_decodes_and_times_its_first_decode():
+    """The priced target's decodes wake SSD's worker (prespec/handoff.py's Wake) for the generation only, and
+    the stats time the worker's first decode after each verify's start (the greedy tokens stay ar's)."""
+    engine = build()
+    target = engine.target_kv.ctx
+    ar = engine.complete(messages=PROMPT, max_tokens=48, mode="ar", sampling=GREEDY)
+    engine.reset()
+    woken = []
+    decode = target.decode
+    target.decode = lambda *a, **k: (woken.append(target.wake is not None), decode(*a, **k))[1]
+    ssd = engine.complete(messages=PROMPT, max_tokens=48, mode="ssd", sampling=GREEDY)
+    assert ssd.tokens == ar.tokens and woken and all(woken) and target.wake is None
+    pre = ssd.stats.prespec
+    assert pre.lookups > 0 and 0 < pre.first_decode_ms_p50 <= pre.first_decode_ms_p90

@@ -114,6 +114,33 @@ def test_seq_rm_rollback_then_redecode_equals_a_fresh_context(model):
         fresh.close()
 
 
+def test_a_decode_that_wakes_ssd_s_worker_is_the_same_decode(model):
+    """Context.wake set (SSD's worker beside this target): each decode bumps the word from C as it starts
+    (native.decode_woken), and its rows are a plain decode's."""
+    import threading
+
+    from ssd_edge.speculation.prespec.handoff import Handoff
+
+    wake = Handoff(abort=threading.Event()).wake
+    if wake is None:
+        pytest.skip("ssd_edge.native is not built")
+    prompt = model.tokenize(PROMPT)
+    ext = model.tokenize(CONTINUATION, add_special=False)[:4]
+    woken, plain = new_ctx(model), new_ctx(model)
+    try:
+        woken.wake = wake
+        before = wake.seen()
+        prefill(woken, prompt)
+        rows = woken.decode(ext, range(len(prompt), len(prompt) + 4), [0] * 4, [0, 1, 2, 3])
+        assert wake.seen() == before + 2 and woken.started > 0
+        prefill(plain, prompt)
+        want = plain.decode(ext, range(len(prompt), len(prompt) + 4), [0] * 4, [0, 1, 2, 3])
+        assert np.array_equal(rows, want)
+    finally:
+        woken.close()
+        plain.close()
+
+
 def test_two_branches_in_one_unified_batch(model):
     """Sequences 1 and 2 share the prompt's cells (seq_cp, metadata only) and decode in one batch;
     each must equal decoding its branch alone."""

@@ -57,7 +57,8 @@ def test_to_dict_has_the_old_keys_and_the_new_ones():
     stats = ssd_meter().stats(seed=7)
     d = stats.to_dict()
     assert set(d) == OLD_KEYS | NEW_KEYS
-    assert set(d["prespec"]) == OLD_PRESPEC_KEYS | {"miss_reasons", "hits_by_accepted", "complete_at_lookup"}
+    assert set(d["prespec"]) == OLD_PRESPEC_KEYS | {"miss_reasons", "hits_by_accepted", "complete_at_lookup",
+                                               "first_decode_ms_p50", "first_decode_ms_p90"}
     assert d["prespec"]["hits_by_accepted"] == {"1": [1, 0], "3": [1, 1]}  # (JSON keys: strings)
     assert d["prespec"]["complete_at_lookup"] == pytest.approx(3.0)
     assert d["seed"] == 7 and d["prespec"]["hits"] == 1 and d["prespec"]["misses"] == 1

@@ -285,6 +285,8 @@ class PricedContext(CellCache):
         self._out = np.empty((0, N_VOCAB), np.float32)  # the rows decode(copy=False) hands out, as llama.cpp's buffer
         self._late = 0.0  # seconds a wait has been waking up late lately (an average the waits aim early by)
         self._making = 0.0  # seconds a decode's rows took to make lately (made that long before its price is up)
+        self.wake: Any = None  # SSD's Wake (prespec/handoff.py), bumped as each decode starts, where the worker set it
+        self.started = 0.0  # perf_counter() as the last decode began
 
     def set_threads(self, threads: int) -> None:
         self.threads = threads  # a price is the GPU's: the host's threads change nothing
@@ -316,7 +318,7 @@ class PricedContext(CellCache):
                 logits_for: Sequence[int], extra_s: float, make: Callable[[list, bool], Any]) -> Any:
         """A decode priced at its size plus extra_s: its cells stored, what `make` builds of the wanted rows'
         choices, then the rest of its price waited out (the timing and abort rules of decode())."""
-        t0 = time.perf_counter()
+        t0 = self.started = time.perf_counter()
         n = len(tokens)
         if n > self.n_batch:
             raise DecodeError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
@@ -329,7 +331,7 @@ class PricedContext(CellCache):
         # lengthen the decode): until then this thread leaves the interpreter to the others, as a host
         # thread waiting for its GPU does (made first, the target's rows kept SSD's worker from starting
         # its branches for half a millisecond of each verify)
-        if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price)):
+        if not self._wait(t0 + price - min(2.0 * self._making + MAKING_MARGIN_S, price), self.wake):
             self._aborted(t0, cells)
         t_make = time.perf_counter()
         out = make(self._choices([seq_ids(seqs[i])[0] for i in logits_for], [positions[i] for i in logits_for]),
@@ -359,15 +361,20 @@ class PricedContext(CellCache):
                              -1.0 if agreement is None else agreement, ties, POOL, RUNNER_UP)
         return np.frombuffer(got, np.int64).reshape(-1, 5).tolist()
 
-    def _wait(self, until: float) -> bool:
+    def _wait(self, until: float, wake: Any = None) -> bool:
         """Wait until perf_counter() reaches `until` as a CUDA host thread waits for its GPU: spinning,
         the interpreter's lock released (the compiled spin, which polls the abort flag's byte), so the
         core stays awake and its caches warm for the Python that follows. A sleep instead costs that
         Python ~0.13 ms a token here (a core woken cold). Without the compiled part: an Event wait, aimed
-        early by what the last waits overshot (the VM's timer wakes 50-170 us late). False: aborted."""
-        if spin is None:
-            return not self.abort.wait(max(0.0, until - self._late - time.perf_counter()))
+        early by what the last waits overshot (the VM's timer wakes 50-170 us late). False: aborted. wake:
+        SSD's Wake, bumped as the wait begins (from C, the lock released, as a llama.cpp decode's)."""
         left = until - time.perf_counter()
-        return spin(left, self.abort.address) if left > 0 else not self.abort.is_set()
+        if wake is not None and (spin is None or left <= 0):
+            wake.bump()
+        if spin is None:
+            return not self.abort.wait(max(0.0, left - self._late))
+        if left <= 0:
+            return not self.abort.is_set()
+        return spin(left, self.abort.address, wake.address) if wake is not None else spin(left, self.abort.address)
 
     def close(self) -> None: ...

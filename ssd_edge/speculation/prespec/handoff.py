@@ -12,7 +12,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from ...interface import AbortSignal
+
+try:  # the word's wait and bump (csrc/wake.c); without the compiled module, the worker waits on its queue
+    from ...native import wake_await, wake_bump
+except ImportError:  # pragma: no cover - the optional extension was not built
+    wake_await = wake_bump = None
 from ..drafters import Draft
 from .outcomes import Branch
 
@@ -42,6 +49,32 @@ class Growing(NamedTuple):
     finishing: frozenset[tuple[int, int]]  # (a, b) of the branches the decode in flight finishes (not aborted)
 
 
+WAKE_SPIN_S = 0.0   # the worker spins this long for its next message before it sleeps on the word (a core's cost)
+WAKE_WAIT_S = 0.05  # ... and looks at its queue at least this often (a bump missed costs latency, never a message)
+
+
+class Wake:
+    """The 32-bit word the worker waits on for its next message (csrc/wake.c), the interpreter's lock
+    released. A message queued from Python bumps it as it is queued. The verifying message is queued
+    without a bump where the target's context bumps it instead (its `wake`), from C as each decode
+    starts with the lock released: the worker then wakes to a free lock while the verify has just
+    begun, not while the engine still holds the lock for the Python before its decode."""
+
+    def __init__(self) -> None:
+        self._word = np.zeros(1, np.uint32)
+        self.address = self._word.ctypes.data
+
+    def seen(self) -> int:
+        return int(self._word[0])
+
+    def bump(self) -> None:
+        wake_bump(self.address)
+
+    def wait(self, seen: int) -> None:
+        """Until the word moves from `seen` (a message, or the target's decode began), or WAKE_WAIT_S."""
+        wake_await(self.address, seen, WAKE_SPIN_S, WAKE_WAIT_S)
+
+
 @dataclass
 class Handoff:
     """What crosses between the engine thread and the worker thread.
@@ -61,6 +94,9 @@ class Handoff:
     otherwise wait for (only while `growing` is published); the worker clears it before each message
     it takes.
 
+    wake (None without the compiled module) wakes the worker: post() queues and bumps it, take() is the
+    worker's wait (Wake says how the verify's own start wakes it).
+
     round and looked are the engine thread's alone: the worker learns a round's number from its
     verifying message and stamps its publications with it; the engine reads a publication only for
     the round it counts now, and only at that round's first lookup."""
@@ -76,3 +112,22 @@ class Handoff:
     steps: deque = field(default_factory=lambda: deque(maxlen=64))
     round: int = 0   # the engine's count of verifying() calls
     looked: int = 0  # the round the engine last looked up
+    wake: Wake | None = field(default_factory=lambda: Wake() if wake_bump is not None else None)
+
+    def post(self, kind: str, args: tuple, bump: bool = True) -> None:
+        """A message for the worker (engine thread); bump=False: the target's decode about to start bumps."""
+        self.inbox.put((kind, args))
+        if bump and self.wake is not None:
+            self.wake.bump()
+
+    def take(self) -> tuple[str, tuple]:
+        """The worker's next message, waited for on the word (on the queue without the compiled module)."""
+        wake = self.wake
+        if wake is None:
+            return self.inbox.get()
+        while True:
+            seen = wake.seen()  # (read before the queue: a message queued after it moves the word)
+            try:
+                return self.inbox.get_nowait()
+            except queue.Empty:
+                wake.wait(seen)

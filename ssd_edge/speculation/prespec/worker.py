@@ -55,10 +55,15 @@ class PrespecWorker:
     locked; `cancelled` is the engine's, polled by the worker between decodes."""
 
     def __init__(self, drafter: ModelDrafter, cfg: PrespecConfig, meter: Meter, n_seq: int,
-                 cancelled: Callable[[], bool] | None = None) -> None:
+                 cancelled: Callable[[], bool] | None = None, target: Any = None) -> None:
         self.drafter = drafter
         self.ctx = drafter.ctx
         self.handoff = Handoff(abort=self.ctx.abort)
+        # the target's context: where it can, each of its decodes wakes this worker as it starts (Wake)
+        self.target = target
+        self._target_wakes = self.handoff.wake is not None and hasattr(target, "wake")
+        if self._target_wakes:
+            target.wake = self.handoff.wake
         self._policy: PolicySnapshot | None = None  # what the round being prepared is ranked by
         self.cfg = cfg
         self.meter = meter
@@ -88,7 +93,7 @@ class PrespecWorker:
             br = ready.branches.get(outcome) if outcome is not None else None
             if br is not None:
                 h.ready = None
-                h.inbox.put(("adopt", (list(history), k, br)))
+                h.post("adopt", (list(history), k, br))
                 self.meter.branches.add_lookup(outcome[0], True, len(ready.branches))
                 return LookupResult("hit", br.draft(k), True, depth=br.depth)
         ranked = h.ranked
@@ -96,7 +101,7 @@ class PrespecWorker:
             outcome = outcome_of(ranked.base, history)
             if outcome not in ranked.outcomes:  # no branch was ever begun for it: nothing to wait for
                 h.ranked = None
-                h.inbox.put(("missed", ()))  # the worker drops its branches, as after a miss it told
+                h.post("missed", ())  # the worker drops its branches, as after a miss it told
                 why = why_missed(outcome, ranked.outcomes)
                 self.meter.branches.add_miss(why)
                 done = len(ready.branches) if ready is not None and ready.round == h.round else 0
@@ -129,17 +134,20 @@ class PrespecWorker:
         """The target verifies `draft` after `history` now: prepare the likeliest outcomes, ranked and
         bounded by `policy` (the engine thread's planner and policy, frozen for this round)."""
         self.handoff.round += 1
-        self.handoff.inbox.put(("verifying", (self.handoff.round, list(history), draft, policy, time.perf_counter())))
+        self.handoff.post("verifying", (self.handoff.round, list(history), draft, policy, time.perf_counter()),
+                          bump=not self._target_wakes)  # (the verify's decode bumps the word as it starts)
 
     def close(self) -> None:
         """Stop the thread and leave the draft context with one sequence (0)."""
         if self._thread.is_alive():
-            self.handoff.inbox.put(("stop", ()))
+            self.handoff.post("stop", ())
             self._thread.join()
+        if self._target_wakes:
+            self.target.wake = None
 
     def _call(self, kind: str, *args: Any) -> Any:
         self._preempt(args[0] if kind == "lookup" else None)
-        self.handoff.inbox.put((kind, args))
+        self.handoff.post(kind, args)
         status, value, (seconds, rows) = self.handoff.outbox.get()
         DECODES.add(seconds, rows)  # the call's decodes, waited for here, are this thread's time in decodes
         if status == "err":
@@ -149,7 +157,7 @@ class PrespecWorker:
     # ------------------------------------------------------------ worker thread
     def _run(self) -> None:
         while True:
-            kind, args = self.handoff.inbox.get()
+            kind, args = self.handoff.take()
             self.handoff.abort.clear()
             if kind == "stop":
                 self._finish()
@@ -287,6 +295,9 @@ class PrespecWorker:
         if rows is None or self._interrupted():
             return
         read_s = time.perf_counter() - t_read
+        verify_t0, read_t0 = getattr(self.target, "started", 0.0), getattr(self.ctx, "started", 0.0)
+        if 0.0 < verify_t0 <= read_t0:  # how long after the verify began the worker's first decode did
+            self.meter.branches.add_first_decode((read_t0 - verify_t0) * 1e3)
         shape = self.drafter.shape  # a constraint's shaping: the candidates only what the target may draw
         if shape is not None:
             for j, r in enumerate(rows):
