@@ -65,25 +65,29 @@ def top1(rows: np.ndarray, s: SamplingConfig) -> dict[int, float]:
     return {i: float(head_probs(rows[i], t).p[0]) for i in sorted({0, len(rows) - 1})} if len(rows) else {}
 
 
+LONG_COPY = 8  # ssd: a copy whose match runs this many tokens back is offered on any miss, not only as the backup
+
+
 class NgramProposer:
     kind = "ngram"
 
     def __init__(self, acceptance: NgramAcceptance, cap: int, planned: bool = True,
-                 offered: Callable[[], bool] | None = None) -> None:
+                 offered: Callable[[Draft], bool] | None = None) -> None:
         self.acceptance = acceptance
         self.cap = cap
         self.planned = planned  # only a planned menu reads its acceptance: a fixed one only copies
-        self.offered = offered  # ssd: the backup is offered only after a streak of misses (the SSD policy)
+        # ssd: whether this round's copy is offered (the SSD policy's backup after a streak of misses, or a
+        # copy long enough to beat drafting: the prompt's own text again, as in an editor's middle)
+        self.offered = offered
         self.proposal: Draft = EMPTY  # this round's copy (a composite draft reads it as its guess)
 
     def offer(self, ask: Ask) -> Offer | None:
         self.proposal = EMPTY
-        if self.offered is not None and not self.offered():
+        proposal = self.acceptance.ask(ask.history) if self.planned else self.acceptance.copy(ask.history)
+        if not proposal.tokens or self.offered is not None and not self.offered(proposal):
             return None
-        self.proposal = self.acceptance.ask(ask.history) if self.planned else self.acceptance.copy(ask.history)
-        if not self.proposal.tokens:
-            return None
-        return Offer(min(len(self.proposal), self.cap), self._price)
+        self.proposal = proposal
+        return Offer(min(len(proposal), self.cap), self._price)
 
     def _price(self, ms: range) -> list[Bid]:
         g = self.acceptance.gains(ms[-1]) if ms else []

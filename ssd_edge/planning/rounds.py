@@ -18,7 +18,7 @@ from .costs import Costs
 from .planner import (DRAFT_CAP, FIXED_K, MENUS, NGRAM_CAP, PLAIN_RUN_S, Planner, Proposal, Rounds,  # noqa: F401
                       verifiable)
 from .prepared import PreparedProposer  # noqa: F401
-from .proposers import DraftProposer, NgramProposer, top1, upside  # noqa: F401
+from .proposers import LONG_COPY, DraftProposer, NgramProposer, top1, upside  # noqa: F401
 from .threads import LiveThreads, ThreadChoice
 
 __all__ = ["Costs", "NGRAM_CAP", "PLAIN_RUN_S", "Proposal", "Rounds", "ThreadChoice", "build", "caps", "draft_can_pay",
@@ -96,6 +96,13 @@ def live_threads(choice: ThreadChoice, mode: str, cfg: EngineConfig, drafts: boo
     return LiveThreads(choice if follows else None, split, runs_beside(cfg), use)
 
 
+def ssd_offers(policy: Any) -> Callable[[Any], bool]:
+    """Whether ssd's fixed menu is offered the round's n-gram copy (tried after a prepared branch, before
+    drafting now): the SSD policy's backup after a streak of misses, or at once where the copy's match runs
+    LONG_COPY tokens back (the prompt's own text again, as an editor's middle repeats what surrounds it)."""
+    return lambda copy: copy.match >= LONG_COPY or policy is not None and policy.backup_ready
+
+
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
           cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
           step_ms: float | None = None, profile: Profile | None = None, shaping: Shaping | None = None,
@@ -148,8 +155,8 @@ def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, me
         worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled, target), PrespecPolicy(p, tree)
         prepared = PreparedProposer(worker, policy, acceptance, costs, draft_cap, k_min, planned,
                                     always=menu.worker == "always")
-    if ngram is not None and mode == "ssd":  # ssd's n-gram backup: only while a streak of misses offers it
-        ngram.offered = (lambda: policy.backup_ready) if policy is not None else (lambda: False)
+    if ngram is not None and mode == "ssd":
+        ngram.offered = ssd_offers(policy)
     draft = DraftProposer(drafter, acceptance, costs, draft_cap, k_min, planned, worker, ngram, prepared, cancelled)
     return Rounds(mode, planner, [x for x in (prepared, ngram, draft) if x is not None], k_min, prepared, worker,
                   policy)

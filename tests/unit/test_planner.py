@@ -29,7 +29,7 @@ from ssd_edge.planning.costs import CONTENTION_FLOOR, Costs, Curve, Rate, descri
 from ssd_edge.planning.planner import MENUS, Planner
 from ssd_edge.planning.prepared import IDLE_DOUBLINGS, IDLE_EVERY, IDLE_QUIET, PreparedProposer
 from ssd_edge.planning.proposers import EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, DraftProposer, NgramProposer, upside
-from ssd_edge.planning.rounds import build
+from ssd_edge.planning.rounds import build, ssd_offers
 from ssd_edge.speculation.drafters import EMPTY, Draft, NgramDrafter
 from ssd_edge.speculation.policy import PrespecPolicy
 from ssd_edge.speculation.prespec import LookupResult
@@ -145,8 +145,8 @@ class Bench:
             if m.worker != "off":
                 self.prepared = PreparedProposer(self.worker, self.policy, self.acceptance, self.costs, cap, k_min,
                                                  m.planned, always=m.worker == "always")
-            if self.ngram is not None and menu == "ssd":  # ssd's n-gram backup: after a streak of misses
-                self.ngram.offered = lambda: self.policy.backup_ready
+            if self.ngram is not None and menu == "ssd":  # ssd's n-gram backup: after misses, or a long copy
+                self.ngram.offered = ssd_offers(self.policy)
             self.draft = DraftProposer(self.drafter, self.acceptance, self.costs, cap, k_min, m.planned,
                                        self.worker if self.prepared is not None else None, self.ngram, self.prepared)
         self.proposers = [p for p in (self.prepared, self.ngram, self.draft) if p is not None]
@@ -624,6 +624,8 @@ def test_p_accept_is_a_distribution_over_the_outcomes():
     ("ssd", dict(prepared=2), ("prepared", 3)),                # a partial hit is extended to k
     ("ssd", dict(copy=3, prepared="miss", rounds=2), ("ngram", 3)),  # the backup, offered after 2 misses
     ("ssd", dict(copy=3, prepared="miss"), ("draft", 3)),      # a miss drafts now (no backup after one)
+    ("ssd", dict(copy=3, prepared="miss", match=8), ("ngram", 3)),  # ... but takes a copy that matched 8 back
+    ("ssd", dict(copy=3, prepared=2, match=8), ("prepared", 3)),    # a prepared branch still goes first
     ("ssd", dict(), ("draft", 3)),                             # nothing prepared: drafts now
 ])
 def test_a_fixed_mode_is_the_planner_held_to_its_proposers(mode, offer, expected):
