@@ -21,6 +21,7 @@ from ..structured.request import Shape, read as read_shape
 from .schema import CATEGORIES, BenchPrompt
 
 BENCH_MODES = ("ar", "sd", "lookup", "ssd", "auto")
+FIM_MODES = ("ar", "auto")  # --fim's default
 SUITES = {"structured": "data/structured.jsonl"}  # --prompts NAME: a suite shipped in ssd_edge/data
 PROMPTS_HELP = ("the prompts: a JSONL file (one {id, category, messages[, max_tokens, response_format, tools, "
                 "tool_choice, parallel_tool_calls]} a line, the last four as in OpenAI's API), or 'structured' "
@@ -60,6 +61,8 @@ class BenchArgs:
     stand_in: str | None = None                  # --stand-in TYPE: the settings again, the target converted to TYPE
     priced: str | None = None                    # --priced TABLE[@AGREEMENT]: a priced pair instead of model files
     agreement: float | None = None               # --agreement: the priced draft's (default 0.95)
+    fim: bool = False                            # --fim: the completion bench (fim_run.py) instead
+    fim_cursors: int = 3                         # --fim-cursors: cursor positions per file
     argv: tuple[str, ...] = ()                   # the command line after `bench`, recorded in bench.json
 
     def checked(self) -> BenchArgs:
@@ -74,6 +77,10 @@ class BenchArgs:
             raise ConfigError("--temp must be >= 0")
         if any(not 1 <= k <= 32 for k in self.peer_k):
             raise ConfigError("--peer-k values must be between 1 and 32")
+        if self.fim:
+            self.check_fim()
+        elif self.fim_cursors != 3:
+            raise ConfigError("--fim-cursors is the completion bench's: give --fim with it")
         from ..models.catalog import DERIVED_KINDS
 
         if self.stand_in is not None and self.stand_in not in DERIVED_KINDS:
@@ -92,6 +99,19 @@ class BenchArgs:
             no_calibrate=self.no_calibrate or bool(self.rpc),
             peer_k=() if self.quick else self.peer_k,
             modes=self.modes if "ar" in self.modes else ("ar", *self.modes))
+
+    def check_fim(self) -> None:
+        """--fim's own checks: its flags' values, and none of the flags that only the prompt bench reads."""
+        if not 1 <= self.fim_cursors <= 50:
+            raise ConfigError("--fim-cursors must be between 1 and 50")
+        if self.ctx_size < 2048:
+            raise ConfigError("-c/--ctx-size: the completion bench needs at least 2048 (its prompts alone take "
+                              "1024 and the extra chunks the rest; default 8192)")
+        given = [f for f, v in (("--stand-in", self.stand_in), ("--priced", self.priced), ("--rpc", self.rpc),
+                                ("--prompts", self.prompts), ("--category", self.category),
+                                ("--peer-k", self.peer_k), ("--reps", self.reps != 1)) if v]
+        if given:
+            raise ConfigError(f"--fim runs its own editing sequence: drop {', '.join(given)}")
 
     def priced_pair(self):
         """The priced pair --priced names (bench/priced: Priced), or None."""

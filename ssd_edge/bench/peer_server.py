@@ -34,7 +34,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..structured.constraint import JsonObject, JsonSchema
 from ..structured.tools import CLOSE, OPEN
@@ -68,8 +68,11 @@ def free_port() -> int:
 class LlamaServer:
     """One llama-server process over `target` at `threads`, started on entering, stopped on leaving."""
 
-    def __init__(self, binary: Path, target: Path, *, threads: int, n_ctx: int, ready_s: float = 300) -> None:
+    def __init__(self, binary: Path, target: Path, *, threads: int, n_ctx: int, ready_s: float = 300,
+                 extra: Sequence[str] = ()) -> None:
         self.binary, self.target, self.threads, self.n_ctx, self.ready_s = binary, target, threads, n_ctx, ready_s
+        self.extra = tuple(extra)  # more flags (the completion bench's: --cache-reuse, -md, --spec-type, ...)
+        self.name = BINARY         # in messages
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -80,7 +83,7 @@ class LlamaServer:
     def command(self) -> list[str]:
         t = str(self.threads)
         return [str(self.binary), "-m", str(self.target), "-t", t, "-tb", t, "-c", str(self.n_ctx), "-np", "1",
-                "--host", "127.0.0.1", "--port", str(self.port), "--no-webui"]
+                "--host", "127.0.0.1", "--port", str(self.port), "--no-webui", *self.extra]
 
     def __enter__(self) -> "LlamaServer":
         import httpx
@@ -106,14 +109,14 @@ class LlamaServer:
         end = time.monotonic() + self.ready_s
         while time.monotonic() < end:
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"{BINARY} exited with {self.proc.returncode}: {self.log_tail()}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 if self._client.get("/health").status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"{BINARY} was not ready after {self.ready_s:.0f} s: {self.log_tail()}")
+        raise RuntimeError(f"{self.name} was not ready after {self.ready_s:.0f} s: {self.log_tail()}")
 
     def log_tail(self, lines: int = 3) -> str:
         if self._log is None:

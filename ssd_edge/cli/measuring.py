@@ -9,7 +9,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from .. import settings
-from ..bench.args import BENCH_MODES, PROMPTS_HELP, BenchArgs, comma_list
+from ..bench.args import BENCH_MODES, FIM_MODES, PROMPTS_HELP, BenchArgs, comma_list
+from ..bench.fim_run import main as run_fim
 from ..bench.run import main as run_bench
 from ..bench.schema import CATEGORIES
 from ..errors import ConfigError
@@ -81,8 +82,9 @@ def bench(
     ctx: typer.Context,
     output: Annotated[str, typer.Option("-o", "--output", help="folder for bench.json, bench.md, bench.png "
                                         "(default: bench-out)", show_default=False)] = "bench-out",
-    modes: Annotated[str, typer.Option("--modes", help=f"comma-separated modes (default: {','.join(BENCH_MODES)}); "
-                                       "ar is the speedup baseline", show_default=False)] = ",".join(BENCH_MODES),
+    modes: Annotated[Optional[str], typer.Option("--modes", help=f"comma-separated modes (default: "
+                                                 f"{','.join(BENCH_MODES)}; with --fim: ar,auto); ar is the speedup "
+                                                 "baseline", show_default=False)] = None,
     hardware: Annotated[str, typer.Option("--settings", help="hardware settings to run (default: separate,shared)",
                                           show_default=False)] = "separate,shared",
     category: Annotated[Optional[str], typer.Option("--category", help="only these prompt categories, "
@@ -116,6 +118,14 @@ def bench(
     agreement: Annotated[Optional[float], typer.Option("--agreement", help="with --priced: how often the priced "
                                                        "draft's favourite is the target's (0..1, default 0.95)",
                                                        show_default=False)] = None,
+    fim: Annotated[bool, typer.Option("--fim", help="the completion bench instead: an editing sequence in "
+                                      "llama.vim's /infill requests (the cursor moving down three standard-library "
+                                      "files, 256 lines above, 64 below, its ring of extra chunks; greedy, -n "
+                                      "default 48) sent to `ssd-edge serve --cache-reuse 256` in each of --modes and "
+                                      "to llama-server (alone, with the draft, with n-gram drafts; its FIM presets' "
+                                      "flags) where found; -c default 8192; writes bench.json and bench.md")] = False,
+    fim_cursors: Annotated[int, typer.Option("--fim-cursors", help="with --fim: cursor positions per file "
+                                             "(default 3: 9 completions)", show_default=False)] = 3,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", hidden=True)] = None,  # -n's old name
     *, flags: dict[str, Any],
 ) -> None:
@@ -130,16 +140,16 @@ def bench(
         n = _old_name(flags, "n_predict", "--max-tokens", max_tokens)
         args = BenchArgs(
             model=f.get("model"), model_draft=f.get("model_draft"), models_dir=f.get("models_dir"), output=output,
-            modes=comma_list("--modes", modes, BENCH_MODES),
+            modes=comma_list("--modes", modes or (",".join(FIM_MODES if fim else BENCH_MODES)), BENCH_MODES),
             settings=comma_list("--settings", hardware, ("separate", "shared")),
             category=comma_list("--category", category, CATEGORIES) if category is not None else None,
-            prompts=prompts, max_tokens=128 if n is None else n, k=f.get("draft_max"), reps=reps,
-            seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 2048), quick=quick,
+            prompts=prompts, max_tokens=(48 if fim else 128) if n is None else n, k=f.get("draft_max"), reps=reps,
+            seed=f.get("seed", 0), temp=f.get("temp", 0.0), ctx_size=f.get("ctx_size", 8192 if fim else 2048), quick=quick,
             llama_tools=llama_tools, peer_k=tuple(_ints("--peer-k", peer_k)), no_peer=no_peer,
             no_calibrate=bool(flags["no_calibrate"]), recalibrate=recalibrate, no_plot=no_plot,
             verbose=bool(flags["verbose"]), rpc=f.get("rpc"), stand_in=stand_in, priced=priced, agreement=agreement,
-            argv=_argv_after(ctx, "bench"))
-        code = run_bench(args)
+            fim=fim, fim_cursors=fim_cursors, argv=_argv_after(ctx, "bench"))
+        code = run_fim(args) if fim else run_bench(args)
     raise typer.Exit(code)
 
 

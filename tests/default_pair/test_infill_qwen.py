@@ -138,3 +138,37 @@ def test_cache_reuse_moves_what_the_window_kept_default_pair(default_pair):
         assert first["truncated"] is False and r["content"].strip()
     finally:
         eng.close()
+
+
+# issue 54, part 4: a middle that copies what the prompt holds (the window's functions repeat one pattern)
+COPY = {"input_prefix": WINDOW + "def scale_13(values: list[float]) -> list[float]:\n", "prompt": "    return",
+        "input_suffix": "\n\n\nprint(scale_13([1.0]))\n", "input_extra": [], "n_predict": 16, "n_indent": 4,
+        "temperature": 0.0}
+
+
+@pytest.mark.timeout(600)
+def test_fim_copies_use_the_ngram_lookup_in_auto_and_ssd_losslessly_default_pair(served):
+    """auto plans n-gram rounds where the middle copies the prompt; auto and ssd give ar's tokens (greedy; a
+    difference passes only as a proven near-tie). One prompt read, then cached. Whether ssd lets n-gram tokens
+    in is checked last: measured 2026-12-07, it did not (draft and prepared rounds only, the n-gram being its
+    backup during runs of misses), so the test is marked xfail there, saying so, until ssd takes it."""
+    c, eng = served
+    eng.reset()
+    runs = {m: c.post("/infill", json={**COPY, "mode": m}).json() for m in ("ar", "auto", "ssd")}
+    for m, body in runs.items():
+        sp = body["speculation"]
+        print(f"{m}: {body['content']!r} rounds {sp['rounds_by_proposer']} tokens {sp['tokens_by_source']}")
+    assert "v * 13" in runs["ar"]["content"]  # the copy this test is about
+    assert runs["auto"]["speculation"]["rounds_by_proposer"].get("ngram", 0) >= 1
+    assert runs["auto"]["speculation"]["tokens_by_source"].get("ngram", 0) >= 1
+    differ = [m for m in ("auto", "ssd") if runs[m]["tokens"] != runs["ar"]["tokens"]]
+    if differ:  # only a proven near-tie between batched and one-token rows may explain it
+        laid = layout(eng.target, COPY["input_prefix"], COPY["input_suffix"], prompt=COPY["prompt"],
+                      n_batch=eng.config.n_batch, n_ctx=eng.config.n_ctx, n_predict=COPY["n_predict"])
+        ar = generate(eng, list(laid.tokens), "ar", COPY["n_predict"])
+        for mode in differ:
+            compare_prompt(eng, Prompt("fim_copy", "code", COPY["input_prefix"]), mode, mode, ar, Tally(),
+                           COPY["n_predict"])
+    if not runs["ssd"]["speculation"]["tokens_by_source"].get("ngram", 0):
+        pytest.xfail("ssd took no n-gram token on a middle that copies the prompt (issue 54, part 4): "
+                     f"{runs['ssd']['speculation']['rounds_by_proposer']}")
