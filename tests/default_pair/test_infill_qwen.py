@@ -150,8 +150,10 @@ COPY = {"input_prefix": WINDOW + "def scale_13(values: list[float]) -> list[floa
 def test_fim_copies_use_the_ngram_lookup_in_auto_and_ssd_losslessly_default_pair(served):
     """auto plans n-gram rounds where the middle copies the prompt; auto and ssd give ar's tokens (greedy; a
     difference passes only as a proven near-tie). One prompt read, then cached. Whether ssd lets n-gram tokens
-    in is checked last: measured 2026-12-07, it did not (draft and prepared rounds only, the n-gram being its
-    backup during runs of misses), so the test is marked xfail there, saying so, until ssd takes it."""
+    in is checked last: measured 2026-12-07, it did not (draft and prepared rounds only). ssd takes a copy on a
+    miss once its match runs LONG_COPY (8) tokens back (rounds.ssd_offers), and a middle's match can run back no
+    further than the middle itself (the layout puts <|fim_middle|> right before it): this 11-token middle never
+    gets there, so the test is marked xfail there, saying so, until ssd weighs short copies."""
     c, eng = served
     eng.reset()
     runs = {m: c.post("/infill", json={**COPY, "mode": m}).json() for m in ("ar", "auto", "ssd")}
