@@ -130,7 +130,10 @@ def run_setup(name: str, server: LlamaServer, steps: Sequence[tuple[str, Any]], 
     warm = 0.0
     tick(f"{name}: starting the server")
     try:
-        with server, httpx.Client(base_url=server.url, timeout=httpx.Timeout(900.0, connect=5.0)) as client:
+        # a connection a request (llama.vim runs curl for each): llama-server drops the one a streamed answer
+        # came on, and a client that reused it would read "disconnected without sending a response"
+        with server, httpx.Client(base_url=server.url, timeout=httpx.Timeout(900.0, connect=5.0),
+                                  headers={"Connection": "close"}) as client:
             for kind, step in steps:
                 if kind == "warm":
                     warm += ask(client, step).seconds
