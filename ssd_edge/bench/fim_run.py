@@ -155,7 +155,8 @@ def main(args: BenchArgs) -> int:
     from ..planning.profile import device_info
     from ..progress import Progress
     from .calibrate import default_pair
-    from .machine import machine_info
+    from .. import paths
+    from .machine import PortablePaths, machine_info
 
     args = args.checked()
     console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -178,6 +179,7 @@ def main(args: BenchArgs) -> int:
     records: list[FimRecord] = []
     done: list[FimSetup] = []
     machine = machine_info(threads)
+    portable = PortablePaths(paths.models_dir(args.models_dir))  # a result names no machine (machine.py)
     interrupted = False
     with Progress(console) as progress:
         task = progress.task("loading", total=len(runs) * n_fim)
@@ -187,23 +189,23 @@ def main(args: BenchArgs) -> int:
 
         for name, server in runs:
             setup = FimSetup(name=name, server="ssd-edge" if isinstance(server, SsdServe) else "llama-server",
-                             command=shown(server))
+                             command=[portable.text(x) for x in shown(server)])
             warm, error = 0.0, None
             try:
                 warm, error = run_setup(name, server, steps, records, tick)
             except KeyboardInterrupt:  # the server is stopped on leaving its `with`
                 interrupted = True
-            done.append(summarize(setup, records, warm).model_copy(update={"error": error}))
+            done.append(summarize(setup, records, warm).model_copy(update={"error": error and portable.text(error)}))
             if error:
                 console.print(f"[red]{name} failed:[/] {error}")
             if interrupted:
                 break
     machine = machine.model_copy(update={"load_avg_end": os.getloadavg()})
-    result = FimResult(command="ssd-edge bench " + " ".join(args.argv), created=dt.datetime.now().isoformat(
+    result = FimResult(command="ssd-edge bench " + " ".join(portable.text(x) for x in args.argv), created=dt.datetime.now().isoformat(
         timespec="seconds"), machine=machine, models={"target": target.name, "draft": draft.name},
         files=list(FILES), per_file=args.fim_cursors, n_predict=args.max_tokens, n_ctx=args.ctx_size, threads=threads,
         notes=notes, setups=done, goal=goal(done), interrupted=interrupted, records=records)
-    paths = write(result, out)
+    written = write(result, out)
     console.print(markdown(result).split("\n## Set-ups")[0].strip())
-    console.print("wrote " + ", ".join(str(p) for p in paths))
+    console.print("wrote " + ", ".join(str(p) for p in written))
     return 130 if interrupted else 0
