@@ -181,9 +181,17 @@ class DraftProposer:
         return Offer(self.cap, self._price, self._probe if self.planned else None)
 
     def _probe(self) -> int:
-        """The length of a probe of the draft, asked where a plain step wins (0: none; planner.py's docstring)."""
-        if self.acceptance.rounds_since_draft < self.explore_wait or \
-                upside(self.costs, self.cap, self.k_min) < EXPLORE_UPSIDE:
+        """The length of a probe of the draft, asked where a plain step wins (0: none; planner.py's docstring).
+        None where the draft would first have to read more of the history than the rest of the answer could
+        repay, were the draft as good as a probe hopes: every token left made at the upside's pace (an
+        editor's 48-token middle after a prompt of thousands the draft has not read)."""
+        if self.acceptance.rounds_since_draft < self.explore_wait:
+            return 0
+        gain = upside(self.costs, self.cap, self.k_min)
+        if gain < EXPLORE_UPSIDE:
+            return 0
+        catch_up = self.costs.draft.ms(self.unread + 1) - self.costs.draft.ms(1)
+        if catch_up > self.remaining * self.costs.step_ms() * (1.0 - 1.0 / gain):
             return 0
         m = min(max(EXPLORE_K, self.k_min), self.cap, self.room)
         return m if m >= max(1, self.k_min) else 0

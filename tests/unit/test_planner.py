@@ -393,6 +393,24 @@ def test_a_draft_written_off_early_is_probed_again_where_it_could_pay_much():
     assert plain_rounds_until_draft(b, 2, confidence=0.95) == 0
 
 
+def test_no_probe_where_the_draft_must_first_read_more_than_the_answer_can_repay():
+    """A probe reads the history the draft has not read first. Where that read outweighs what the rest of
+    the answer could gain, even at the upside's pace (an editor's 48-token middle after thousands of prompt
+    tokens the draft never read), the draft is not probed; with a long answer ahead, the same read pays."""
+    b = Bench(cap=8, draft_ms=12.0, curve=FLAT)
+    for _ in range(3):
+        b.observe("draft", 3, 0, b.costs.target.ms(4), [0.6])
+    read = b.costs.draft.ms(3001) - b.costs.draft.ms(1)
+    assert 48 * b.costs.step_ms() * (1 - 1 / b.upside()) < read < 2000 * b.costs.step_ms() * (1 - 1 / b.upside())
+    for _ in range(EXPLORE_MOST + 1):
+        d = b.plan(16, remaining=48, unread=3000, history=list(range(3100)))
+        assert d.kind != "draft"
+        b.verified(d, 0, b.costs.target.ms(1), [0.6])
+    assert b.draft.probes == 0
+    d = b.plan(16, remaining=2000, unread=3000, history=list(range(3100)))
+    assert d.kind == "draft" and d.probe
+
+
 def test_a_compute_bound_target_never_probes_the_draft():
     """Compute-bound (a verify of 4 costs 2.7 steps): even a draft accepted 90% of the time would
     not beat plain steps, so a written-off draft is never probed (each probe would cost a round)."""
