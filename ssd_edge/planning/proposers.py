@@ -190,11 +190,14 @@ class DraftProposer:
         gain = upside(self.costs, self.cap, self.k_min)
         if gain < EXPLORE_UPSIDE:
             return 0
-        catch_up = self.costs.draft.ms(self.unread + 1) - self.costs.draft.ms(1)
-        if catch_up > self.remaining * self.costs.step_ms() * (1.0 - 1.0 / gain):
+        if self._catch_up_ms() > self.remaining * self.costs.step_ms() * (1.0 - 1.0 / gain):
             return 0
         m = min(max(EXPLORE_K, self.k_min), self.cap, self.room)
         return m if m >= max(1, self.k_min) else 0
+
+    def _catch_up_ms(self) -> float:
+        """What reading the history the draft has not read costs beyond a draft step (this round's unread)."""
+        return max(0.0, self.costs.draft.ms(self.unread + 1) - self.costs.draft.ms(1))
 
     def _price(self, ms: range) -> list[Bid]:
         """Drafting m tokens: m draft steps, and the catch-up read (reading what the draft missed: an
@@ -205,7 +208,7 @@ class DraftProposer:
         g = self.acceptance.gains(self.cap)
         step = self.costs.draft.ms(1)
         read = self.costs.draft.ms(self.unread + 1)
-        catch_up = max(0.0, read - step)
+        catch_up = self._catch_up_ms()
         horizon = max(1, min(self.remaining, HORIZON))
         copy = self.ngram.proposal if self.ngram is not None else EMPTY
         most = min(len(copy), self.cap - 1)

@@ -15,13 +15,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ...interface import AbortSignal
+from ..drafters import Draft
+from .outcomes import Branch
 
 try:  # the word's wait and bump (csrc/wake.c); without the compiled module, the worker waits on its queue
     from ...native import wake_await, wake_bump
 except ImportError:  # pragma: no cover - the optional extension was not built
     wake_await = wake_bump = None
-from ..drafters import Draft
-from .outcomes import Branch
 
 Base = tuple[list[int], Draft]  # (history C, draft d): the verify a round's branches are prepared for
 
