@@ -133,9 +133,9 @@ class PreparedProposer:
         self.resumed = self.busy and resting > 0 and self.prefilled
         if self.busy:
             depth = self.branch_depth()
-            if self.policy.tree.on:
+            if self.policy.tree.wanted(self.costs.contention <= IDLE_QUIET):
                 width, short = self.tree_shape(len(draft) + 1, depth, self.policy.fanout)
-            else:  # the tree made tokens no faster lately (TreeChoice): the likeliest branch alone
+            else:  # on shared cores, the tree made tokens no faster lately (TreeChoice): the likeliest alone
                 self._take_timings()
                 width, short = 1, depth
             self.width = width

@@ -42,12 +42,20 @@ class PolicySnapshot(NamedTuple):
 
 class TreeChoice:
     """Whether the worker grows its tree (the planner's width: many branches at once) or the likeliest
-    branch alone: the tree while it made tokens at least MARGIN faster, timed in blocks of BLOCK rounds
-    (a block's tokens over its wall time: a tree's cost, the verify it slows through the host's shared
-    interpreter and cores, and its gain, the rounds its branches serve, both land there), the other tried
-    again every EXPLORE blocks. The likeliest branch alone first: a tree has to earn its place (on the
-    priced H200 at draft agreement 0.8 it cost ssd 3% and auto 7% here). Where the planner finds no room
-    for a tree (width 1) the two are the same."""
+    branch alone.
+
+    Where the worker costs the verify nothing to speak of (a quiet device: Costs.contention at most
+    IDLE_QUIET, as a GPU target's is), the tree: there its only price is the time it must fit in, which
+    the planner's tree_shape already weighs, and its extra branches are hits the likeliest branch cannot
+    give (priced H200 tables, forced on against this timed choice, side by side: ssd 1.05x at
+    agreement 0.95, 1.08x at 0.8, 1.03x on the 7B table; docs/performance.md).
+
+    Elsewhere (a CPU, where the two models share cores and memory) timed: the tree while it made
+    tokens at least MARGIN faster, in blocks of BLOCK rounds (a block's tokens over its wall time: a
+    tree's cost, the verify it slows through the shared interpreter and cores, and its gain, the rounds
+    its branches serve, both land there), the other tried again every EXPLORE blocks. The likeliest
+    branch alone first: a tree has to earn its place. Where the planner finds no room for a tree
+    (width 1) the two are the same."""
 
     BLOCK = 8
     EXPLORE = 5
@@ -59,8 +67,18 @@ class TreeChoice:
         self.blocks = 0
         self._ms = self._tokens = 0.0
         self._rounds = 0
+        self.quiet = False  # the last wanted(): the tree taken without timing, blocks not counted
+
+    def wanted(self, quiet: bool) -> bool:
+        """Whether the round's worker grows the tree; quiet: the worker costs the verify nothing to speak of."""
+        self.quiet = quiet
+        return quiet or self.on
 
     def observe(self, ms: float, tokens: int) -> None:
+        if self.quiet:  # (a block must be all of one choice, timed)
+            self._ms = self._tokens = 0.0
+            self._rounds = 0
+            return
         self._ms += ms
         self._tokens += tokens
         self._rounds += 1

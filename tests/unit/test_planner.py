@@ -865,6 +865,20 @@ def test_the_verify_a_tree_hides_behind_is_timed_with_the_worker_beside_it():
     assert (width, short) != (9, 8) and 0.25 + short * GPU_DRAFT[width - 1] + (8 - short) * 0.25 <= 3.0 + 1e-9
 
 
+def test_the_tree_is_grown_where_the_worker_is_quiet_and_timed_where_it_shares_cores():
+    """ssd on a GPU's prices: the verify's slowdown beside the worker at most IDLE_QUIET, so the worker
+    grows the tree though TreeChoice never timed it; with the same prices but a worker that slows the
+    verify (shared cores), the likeliest branch alone until the tree is timed faster."""
+    for contention, wide in ((1.02, True), (1.3, False)):
+        b = Bench(cap=8, menu="ssd", curve=GPU_VERIFY, costs=Costs(GPU_VERIFY, GPU_DRAFT, contention=contention))
+        teach_draft(b, 0.95)
+        assert not b.policy.tree.on
+        d = b.plan(8)
+        b.prepared.verifying(b.history, Draft(tuple(range(d.m)), "draft"), d)
+        (snapshot,) = b.worker.snapshots
+        assert (snapshot.width > 1) == wide, (contention, snapshot)
+
+
 def test_fixed_modes_never_run_the_worker_unless_ssd():
     """(sd has no worker at all: test_each_mode_gets_the_proposers_of_its_menu.) ssd's runs every round,
     even where it cannot pay."""

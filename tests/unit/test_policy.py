@@ -186,3 +186,18 @@ def test_the_branch_room_is_sized_from_the_draft_length():
     given = EngineConfig.build(target=dict(path="t.gguf"), spec=dict(k=16), prespec=dict(budget_cells=40))
     assert (given.prespec.fanout_max, given.prespec.budget_cells) == (17, 40)
     assert EngineConfig.build(**given.model_dump()).prespec == given.prespec  # sized once: a copy keeps it
+
+
+def test_a_quiet_worker_grows_the_tree_untimed_and_its_rounds_leave_the_timing_alone():
+    """Where the worker costs the verify nothing to speak of (a GPU target), the tree is wanted whatever
+    the timing found, and those rounds are not timed as either choice; on shared cores, the timed choice."""
+    pol = PrespecPolicy(PrespecConfig(rollback_after_misses=100))
+    tree = pol.tree
+    assert not tree.on and tree.wanted(quiet=True)
+    for _ in range(3 * TreeChoice.BLOCK):
+        pol.observe_round(0.5, 4)
+    assert tree.rate == {True: None, False: None} and tree.blocks == 0
+    assert not tree.wanted(quiet=False)  # timed from here: the likeliest branch alone first
+    for _ in range(TreeChoice.BLOCK):
+        pol.observe_round(1.0, 4)
+    assert tree.rate[False] == 1.0 and tree.on  # one token a ms, alone: the tree is timed next
