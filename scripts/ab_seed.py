@@ -59,7 +59,8 @@ def run_version(args: argparse.Namespace, tag: str) -> None:
     if args.priced:  # the priced pair of that table instead of model files (either version's ssd_edge.priced)
         from ssd_edge import priced
 
-        engine = priced.engine(cfg, args.priced)
+        table, _, agreement = args.priced.partition("@")  # TABLE[@AGREEMENT], as bench --priced
+        engine = priced.engine(cfg, table, **({"agreement": float(agreement)} if agreement else {}))
     else:
         engine = Engine(cfg)
     engine.complete(messages=PROMPTS[0], max_tokens=4)  # warm-up
@@ -113,7 +114,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("-k", type=int, default=None, help="--draft-max (default: each mode's own)")
     ap.add_argument("--priced", default=None, metavar="TABLE",
-                    help="run the priced pair of this price table (h200-1.5b, h200-7b) instead of the model files")
+                    help="run the priced pair of this price table (h200-1.5b, h200-7b; TABLE@0.8: the draft's "
+                         "agreement, as bench --priced) instead of the model files")
     ap.add_argument("--prompts", default=None, metavar="FILE.jsonl",
                     help="the bench's prompts (a JSON object with messages a line, as docs/bench-regimes.jsonl) "
                          "instead of the two built in")
