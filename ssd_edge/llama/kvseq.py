@@ -122,11 +122,13 @@ class KVSeq:
         self._tokens.append(token)
         return row
 
-    def adopt(self, seq: int, tokens: Sequence[int]) -> int:
+    def adopt(self, seq: int, tokens: Sequence[int], drop: bool = True) -> int:
         """Become sequence `seq`, whose cells already hold `tokens` (decoded elsewhere: a pre-speculation
-        branch). The cells of the sequence held so far are removed; its id is returned, free again."""
+        branch). The cells of the sequence held so far are removed (drop=False: left to the caller); its id
+        is returned."""
         old = self.seq
-        self.ctx.seq_rm(old, 0, -1)
+        if drop:
+            self.ctx.seq_rm(old, 0, -1)
         self.seq, self._tokens = seq, list(tokens)
         return old
 

@@ -67,7 +67,7 @@ MUTATIONS = {
                     check_modes_equal_ar),
     "kv-rollback": (KVSeq, "truncate", lambda self, n: real_truncate(self, min(n + 1, len(self.tokens))),
                     check_modes_equal_ar),
-    "prespec-hand-over": (KVSeq, "adopt", lambda self, seq, tokens: real_adopt(self, seq, list(tokens)[:-1]),
+    "prespec-hand-over": (KVSeq, "adopt", lambda self, seq, tokens, drop=True: real_adopt(self, seq, list(tokens)[:-1], drop),
                           check_hand_over),
     "ngram-drafter": (NgramDrafter, "propose", lambda self, history, k: real_propose(self, list(history)[:-1], k),
                       ngram_definition()),

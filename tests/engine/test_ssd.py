@@ -334,3 +334,44 @@ def test_every_miss_says_why(disagree_every):
     assert set(st.miss_reasons) <= set(MISS_REASONS)
     if disagree_every < 0:  # (under load a round can also end before its plan ranked anything)
         assert st.misses == st.lookups and st.miss_reasons.get("wrong-token", 0) >= st.misses / 2
+
+
+def test_a_round_reads_before_it_removes_the_sequences_the_last_one_left(monkeypatch):
+    """After a hit the other branches, and the main sequence the hit replaced, are stale: their cells
+    go after the next round's read (each KV verb is 20-40 us on llama.cpp's cache here), so the read
+    starts as the verify does; and every stale sequence is free again before a branch takes it."""
+    from ssd_edge.speculation.prespec import worker as worker_mod
+
+    log: list[tuple[str, int]] = []  # (what, how many stale sequences) on the worker thread
+    read, prepare = worker_mod.PrespecWorker._read, worker_mod.PrespecWorker._prespec
+
+    def reading(self, full, rows):
+        assert not set(self.stale) & set(self.free_seqs)  # (raised on the engine thread at its next call)
+        log.append(("read", len(self.stale)))
+        return read(self, full, rows)
+
+    def preparing(self, *args):
+        log.append(("round", len(self.stale)))
+        return prepare(self, *args)
+
+    monkeypatch.setattr(worker_mod.PrespecWorker, "_read", reading)
+    monkeypatch.setattr(worker_mod.PrespecWorker, "_prespec", preparing)
+    eng, draft_ctx = fake_engine(disagree_every=7, budget_cells=64, fanout_max=8, fanout_min=6, target_delay=0.01)
+    tree = eng._tree("ssd")  # the tree kept on: several branches a round, one adopted, the others stale
+    tree.on, tree.rate = True, {True: 1e9, False: 0.0}
+    removed = []
+    rm = draft_ctx.seq_rm
+
+    def watched(seq, p0=0, p1=-1):
+        if threading.current_thread().name == "ssd-draft-worker" and p0 == 0 and p1 == -1:
+            removed.append((seq, len(log)))
+        return rm(seq, p0, p1)
+
+    draft_ctx.seq_rm = watched
+    out = run(eng, "ssd")
+    assert out.tokens == run(eng, "ar").tokens, out.stats.prespec
+    rounds = [i for i, (what, _) in enumerate(log) if what == "round"]
+    deferred = [i for i in rounds if log[i][1] > 0 and i + 1 < len(log) and log[i + 1][0] == "read"]
+    assert deferred  # rounds that began with the last one's sequences still to remove
+    for i in deferred:  # none of them removed between the round's start and its read
+        assert not [seq for seq, at in removed if at == i + 1], (i, removed)
