@@ -247,7 +247,8 @@ class Engine(Pair):
         except ContextFullError as e:
             gen.reason, gen.message = "context", str(e)
         finally:
-            rounds.close()
+            if not rounds.close():
+                self.abandon_draft()
         yield gen.finish(meter.stats(seed=None if s.greedy else gen.seed, auto=rounds.report(),
                                      draft_load_s=draft_load_s, memory=self.memory().to_dict(),
                                      devices=self.devices(), native=native_path()))

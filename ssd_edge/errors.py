@@ -56,6 +56,11 @@ class DecodeError(SSDEdgeError):
     exit_code = 6
 
 
+class DraftSideError(DecodeError):
+    """SSD's draft side failed or stopped answering during a generation: that generation ends, the
+    next one runs (with the draft loaded again where the old one is still held by a hung decode)."""
+
+
 class RPCError(SSDEdgeError):
     """An RPC server (--rpc) is unreachable at start, or was lost during a generation."""
 

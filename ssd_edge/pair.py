@@ -181,6 +181,14 @@ class Pair:
         log.info("loaded the draft model %s in %.2f s", self._draft_path.name, took)
         return took
 
+    def abandon_draft(self) -> None:
+        """Let go of a draft that a hung SSD worker still holds (it is never closed under that thread): a
+        mode that drafts loads the model again; an engine given as parts has none to load."""
+        self.draft = self.draft_ctx = self.draft_kv = None
+        self._info = (self._info[0], None)
+        log.warning("SSD's draft side hangs: its draft model is left to it%s",
+                    "" if self._draft_path is None else f"; {self._draft_path.name} is loaded again when used")
+
     def release_draft(self) -> None:
         """Free the draft model and its KV cache (between generations); a mode that drafts loads it again."""
         if self.draft is None:

@@ -16,7 +16,7 @@
 Exit codes (SSDEdgeError.exit_code in errors.py):
     0 ok                    4 fetch error (network, package, checksum, disk full)
     1 other error           5 context full (prompt too long, or the answer cut off)
-    2 bad usage or config   6 decode error (llama.cpp failed)
+    2 bad usage or config   6 decode error (llama.cpp, or SSD's draft side, failed)
     3 model error           7 rpc server unreachable or lost (--rpc)
                             130 interrupted (Ctrl-C), 143 terminated (SIGTERM)
                             141 output pipe closed

@@ -318,6 +318,7 @@ class Rounds:
             out.update(p.report() if hasattr(p, "report") else {})
         return {**out, "concurrent": self.worker is not None}
 
-    def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()  # the worker's draft sequence is the engine's draft KV (moved back to 0)
+    def close(self) -> bool:
+        """End the generation's worker; False where a hung worker still holds the draft context."""
+        # (the worker's draft sequence is the engine's draft KV, moved back to 0)
+        return self.worker.close() if self.worker is not None else True

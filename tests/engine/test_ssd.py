@@ -6,13 +6,16 @@ tested offline in tests/unit/test_planner.py."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from fakes import FakeContext, FakeModel
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
+from ssd_edge.errors import DraftSideError
 from ssd_edge.events import FinishEvent, TokenEvent
+from ssd_edge.speculation.prespec import PrespecWorker, handoff
 
 
 def fake_engine(mode: str = "ssd", *, disagree_every: int = 5, k: int = 4, draft_delay=0.0, target_delay=0.0,
@@ -375,3 +378,78 @@ def test_a_round_reads_before_it_removes_the_sequences_the_last_one_left(monkeyp
     assert deferred  # rounds that began with the last one's sequences still to remove
     for i in deferred:  # none of them removed between the round's start and its read
         assert not [seq for seq, at in removed if at == i + 1], (i, removed)
+
+
+def _worker_decodes(monkeypatch, draft_ctx, fault) -> None:
+    """The first draft decode of a just-in-time draft by SSD's worker, after its 10th decode, runs
+    `fault` first, once (a decode no lookup aborts; the engine thread's own decodes are left alone)."""
+    plain, count, drafting, fired = draft_ctx.decode, iter(range(1_000_000)), threading.local(), []
+    draft_now = PrespecWorker._draft_now
+
+    def decode(*args, **kwargs):
+        if threading.current_thread().name == "ssd-draft-worker" and next(count) >= 10 and \
+                getattr(drafting, "now", False) and not fired:
+            fired.append(True)
+            fault()
+        return plain(*args, **kwargs)
+
+    def drafts_now(self, *args, **kwargs):
+        drafting.now = True
+        try:
+            return draft_now(self, *args, **kwargs)
+        finally:
+            drafting.now = False
+    monkeypatch.setattr(draft_ctx, "decode", decode)
+    monkeypatch.setattr(PrespecWorker, "_draft_now", drafts_now)
+
+
+def _no_worker_left(within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while any(t.name == "ssd-draft-worker" for t in threading.enumerate()):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_draft_side_that_fails_ends_the_generation_with_a_clear_error_and_the_next_runs(monkeypatch):
+    eng, draft_ctx = fake_engine(target_delay=0.005)
+    want = run(eng, "ar", 40).tokens
+
+    def lost():
+        raise RuntimeError("device lost")
+    _worker_decodes(monkeypatch, draft_ctx, lost)
+    with pytest.raises(DraftSideError, match="draft side failed: RuntimeError: device lost"):
+        run(eng, "ssd", 300)
+    assert _no_worker_left(0.0) and eng.draft_loaded
+    assert run(eng, "ssd", 40).tokens == want
+
+
+@pytest.mark.parametrize("heeds_abort", [True, False])
+def test_a_draft_side_that_hangs_ends_the_generation_and_the_next_runs(monkeypatch, heeds_abort):
+    """A decode stuck on the worker's thread: the engine waits HANG_S without a decode begun, then ends
+    the generation with DraftSideError. A decode that heeds the abort lets go, and the draft is used
+    again; one that does not keeps the draft context, which the engine leaves to it (never closed
+    under it) and runs on without."""
+    monkeypatch.setattr(handoff, "HANG_S", 0.3)
+    monkeypatch.setattr(handoff, "WATCH_S", 0.02)
+    eng, draft_ctx = fake_engine(target_delay=0.005)
+    want = run(eng, "ar", 40).tokens
+    stuck = threading.Event()
+
+    def hang():
+        while not (stuck.is_set() or heeds_abort and draft_ctx.abort.is_set()):
+            time.sleep(0.005)
+    _worker_decodes(monkeypatch, draft_ctx, hang)
+    t0 = time.monotonic()
+    with pytest.raises(DraftSideError, match="not answered"):
+        run(eng, "ssd", 300)
+    assert time.monotonic() - t0 < 3.0
+    assert eng.draft_loaded == heeds_abort
+    if heeds_abort:
+        assert _no_worker_left(0.0)
+        assert run(eng, "ssd", 40).tokens == want
+    else:
+        assert run(eng, "ar", 40).tokens == want  # the target runs on while the hung thread holds the draft
+        stuck.set()  # the stuck decode returns: its thread sees the stop and ends
+        assert _no_worker_left()

@@ -8,12 +8,15 @@ is here, each field with one rule for who writes it and how the other reads it.
 from __future__ import annotations
 
 import queue
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from ...errors import DraftSideError
 from ...interface import AbortSignal
 from ..drafters import Draft
 from .outcomes import Branch
@@ -54,6 +57,8 @@ class Growing(NamedTuple):
 # CPU target's own decode while the worker waits beside it.
 WAKE_SPIN_S = 0.0
 WAKE_WAIT_S = 0.05  # the worker looks at its queue at least this often (a bump missed costs latency, never a message)
+HANG_S = 60.0  # a call unanswered this long, with no draft decode begun meanwhile: the draft side hangs
+WATCH_S = 0.5  # how often the engine, waiting for an answer, looks at the worker's thread
 
 
 class Wake:
@@ -113,6 +118,7 @@ class Handoff:
     # the worker's batched branch steps, (rows, wall ms), appended by the worker and taken by the engine's
     # planner (a deque's append and popleft are atomic): what a tree's step costs here, host work included
     steps: deque = field(default_factory=lambda: deque(maxlen=64))
+    hung: bool = False  # a call went unanswered (answer()): the worker's thread is not waited for
     round: int = 0   # the engine's count of verifying() calls
     looked: int = 0  # the round the engine last looked up
     wake: Wake | None = field(default_factory=lambda: Wake() if wake_bump is not None else None)
@@ -122,6 +128,26 @@ class Handoff:
         self.inbox.put((kind, args))
         if bump and self.wake is not None:
             self.wake.bump()
+
+    def answer(self, kind: str, thread: threading.Thread, ctx: object) -> tuple:
+        """The worker's answer to a call (engine thread); DraftSideError where its thread has ended, or
+        where it began no decode of `ctx` for HANG_S (a decode stuck in the backend, a lost device, a
+        deadlock). A decode, however long, may take up to HANG_S: the draft's longest is one batch."""
+        seen, since = getattr(ctx, "started", None), time.monotonic()
+        while True:
+            try:
+                return self.outbox.get(timeout=WATCH_S)
+            except queue.Empty:
+                pass
+            if not thread.is_alive():
+                raise DraftSideError(f"SSD's draft side stopped during a {kind}")
+            started = getattr(ctx, "started", None)
+            if started != seen:  # a decode began since: the worker is alive and working
+                seen, since = started, time.monotonic()
+            elif time.monotonic() - since > HANG_S:
+                self.hung = True
+                raise DraftSideError(f"SSD's draft side has not answered a {kind} in {HANG_S:g} s, nor begun a "
+                                     "draft decode: this generation ends")
 
     def take(self) -> tuple[str, tuple]:
         """The worker's next message, waited for on the word (on the queue without the compiled module)."""

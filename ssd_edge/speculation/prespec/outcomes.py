@@ -18,7 +18,7 @@ import numpy as np
 from ...coupling import gumbels
 from ...llama.kvseq import common_prefix
 from ...sampling import Heads, heads_of
-from ..drafters import Candidates, Draft
+from ..drafters import Candidates, Draft, ModelDrafter, top_candidates, top_probability
 
 
 class Outcome(NamedTuple):
@@ -118,6 +118,19 @@ class Branch:
         self.tokens.append(token)
         self.feed = token
         self.done = len(self.tokens) >= self.depth
+
+    def pick(self, drafter: ModelDrafter, row: np.ndarray) -> tuple[int, Candidates] | None:
+        """The draft's next token here from its row (under the branch's constraint), with the row's
+        candidates; None where the draft is too unsure to go on (--draft-p-min)."""
+        if self.shape is not None:
+            self.shape.shape(row)
+        if drafter.p_min > 0 and top_probability(row) < drafter.p_min:
+            return None
+        cand = top_candidates(row, drafter.cand_temperature())
+        t = drafter.pick(row, self.pos + 1, cand)
+        if self.shape is not None:
+            self.shape.push(t)
+        return t, cand
 
     def draft(self, n: int) -> Draft:
         """Its first n drafted tokens (at most what it has), with their candidates."""

@@ -11,16 +11,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...config import PrespecConfig
+from ...errors import DraftSideError, SSDEdgeError
 from ...interface import DECODES, Aborted
 from ...llama.kvseq import Cancelled
 from ...metrics import Meter
 from ...sampling import head_width
-from ..drafters import Candidates, Draft, GoOn, ModelDrafter, top_candidates, top_probability
+from ..drafters import Draft, GoOn, ModelDrafter, top_candidates
 from ..policy import PolicySnapshot
 from .handoff import Base, Growing, Handoff, Ranked, Ready
 from .outcomes import Branch, LookupResult, SpeculationCache, decode_heads, outcome_of, rank_outcomes, why_missed
 
 READ_CHUNK = 16  # tokens per decode when the worker reads history it has not seen (its wait bound)
+JOIN_S = 1.0     # how long close() waits for a hung worker to let go of the draft context
 
 
 def _since(mark: tuple[float, int]) -> tuple[float, int]:
@@ -134,21 +136,27 @@ class PrespecWorker:
         self.handoff.post("verifying", (self.handoff.round, list(history), draft, policy, time.perf_counter()),
                           bump=not self._target_wakes)  # (the verify's decode bumps the word as it starts)
 
-    def close(self) -> None:
-        """Stop the thread and leave the draft context with one sequence (0)."""
+    def close(self) -> bool:
+        """Stop the thread and leave the draft context with one sequence (0). False where a hung thread
+        still holds the draft context (JOIN_S after an abort): it must not be used again."""
         if self._thread.is_alive():
+            if self.handoff.hung:
+                self.handoff.abort.set()
             self.handoff.post("stop", ())
-            self._thread.join()
+            self._thread.join(JOIN_S if self.handoff.hung else None)
         if self._target_wakes:
             self.target.wake = None
+        return not self._thread.is_alive()
 
     def _call(self, kind: str, *args: Any) -> Any:
         self._preempt(args[0] if kind == "lookup" else None)
         self.handoff.post(kind, args)
-        status, value, (seconds, rows) = self.handoff.outbox.get()
+        status, value, (seconds, rows) = self.handoff.answer(kind, self._thread, self.ctx)
         DECODES.add(seconds, rows)  # the call's decodes, waited for here, are this thread's time in decodes
-        if status == "err":
-            raise value
+        if status == "err":  # (a typed error says what failed; anything else, that the draft side did)
+            if isinstance(value, (SSDEdgeError, Cancelled)):
+                raise value
+            raise DraftSideError(f"SSD's draft side failed: {type(value).__name__}: {value}") from value
         return value
 
     # ------------------------------------------------------------ worker thread
@@ -369,26 +377,12 @@ class PrespecWorker:
                           for i in range(len(live))]
             else:  # the rows are read here and dropped (views of the context's buffer, valid until its next decode)
                 rows = self.ctx.decode(feeds, positions, seqs, list(range(len(live))), copy=False)
-                picked = [self._pick(br, row) for br, row in zip(live, rows)]
+                picked = [br.pick(drafter, row) for br, row in zip(live, rows)]
             for br, got in zip(live, picked):
                 br.step(got)
             self.meter.branches.add_prepared(sum(got is not None for got in picked))
             self.meter.branches.set_cells(self.cache.cells())
             self.handoff.steps.append((len(live), (time.perf_counter() - t0) * 1e3))
-
-    def _pick(self, br: Branch, row: np.ndarray) -> tuple[int, Candidates] | None:
-        """The draft's token for `br` from its row (under the branch's constraint), with the row's
-        candidates; None where the draft is too unsure to go on (--draft-p-min)."""
-        drafter = self.drafter
-        if br.shape is not None:
-            br.shape.shape(row)
-        if drafter.p_min > 0 and top_probability(row) < drafter.p_min:
-            return None
-        cand = top_candidates(row, drafter.cand_temperature())
-        t = drafter.pick(row, br.pos + 1, cand)
-        if br.shape is not None:
-            br.shape.push(t)
-        return t, cand
 
     def _finish(self) -> None:
         """Drop branches and move the main sequence back to 0 for the next generation."""
