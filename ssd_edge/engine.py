@@ -264,8 +264,8 @@ def _verify_round(target_kv: KVSeq, gen: Generation, rounds: planned.Rounds, pro
     or coupled Gumbel-max over each row's candidates when sampling: coupling.py) are made as
     verify() reads them, and a drafted token is accepted iff it equals the draw at its position."""
     draft, history, meter = prop.draft, gen.history, gen.meter
+    rounds.verifying(history, draft)  # (the planning for the worker is the round's, not the verify's time)
     t_verify = time.perf_counter()
-    rounds.verifying(history, draft)
     if gen.rows is not None:
         gen.rows.round(draft.tokens)  # its rows follow the history, then the draft
     rows = target_kv.feed(history + list(draft.tokens), len(draft) + 1, gen.cancel.is_set)

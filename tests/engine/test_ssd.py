@@ -453,3 +453,20 @@ def test_a_draft_side_that_hangs_ends_the_generation_and_the_next_runs(monkeypat
         assert run(eng, "ar", 40).tokens == want  # the target runs on while the hung thread holds the draft
         stuck.set()  # the stuck decode returns: its thread sees the stop and ends
         assert _no_worker_left()
+
+
+def test_a_verify_is_timed_from_its_decode_not_from_the_planning_for_the_worker(monkeypatch):
+    """The verify's time (Round.verify_ms: what the planner's contention and the bench's verify_slowdown
+    compare, beside the worker and alone) is the target's decode; the planning before it that hands the
+    worker its round (tree shape, policy snapshot) is the round's host time, before the verify."""
+    from ssd_edge.planning.prepared import PreparedProposer
+    plain = PreparedProposer.verifying
+
+    def slow_planning(self, *args):
+        time.sleep(0.03)
+        return plain(self, *args)
+    monkeypatch.setattr(PreparedProposer, "verifying", slow_planning)
+    eng, _ = fake_engine(target_delay=0.002)
+    rounds = [ev.round for ev in eng.generate(tokens=PROMPT, max_tokens=30, mode="ssd") if isinstance(ev, TokenEvent)]
+    assert len(rounds) > 3
+    assert all(r.verify_ms < 25 and r.draft_wait_ms >= 30 for r in rounds), rounds
