@@ -1,0 +1,113 @@
+"""llama.cpp's `infill` sampler, as a row's shaping: what llama.vim and llama.vscode ask for in every
+/infill request (`samplers: ["top_k", "top_p", "infill"]`).
+
+llama.cpp (src/llama-sampler.cpp, llama_sampler_infill_apply) applies it to the candidates the filters
+before it left (top-k, top-p, min-p here), at temperature 1:
+  1. where the end tokens (EOG) weigh enough, 3 p_eog n > p_text over the n candidates: the end tokens
+     alone;
+  2. else a candidate whose text is a prefix of another's is merged with it, into the likelier of the
+     two (its probability added, the other gone);
+  3. the text candidates under 0.2 go; none left: the end-of-text token alone (EOT, else EOS);
+  4. renormalised, the text candidates under 1 / (texts left + 1) go.
+End tokens are never dropped by 2-4. The draw that follows (llama.cpp's `dist`) is a softmax of the
+kept candidates' own logits: the merged probabilities only decide what is kept.
+
+Here it is the last shaping of a row (structured/shaping.py): every token it does not keep gets -inf,
+and the sampling chain after it (sampling.py) then runs with top-p and min-p off, so that what it kept
+is drawn as `dist` would draw it (at the request's temperature, 1 in the editors' requests). Being a
+function of the row alone, it is applied to the target's rows and the draft's alike, and every mode
+draws mode ar's tokens under it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..config import SamplingConfig
+from ..sampling import top_ids
+
+TEXT_FLOOR = 0.2  # llama.cpp's first threshold on a text candidate's (merged) probability
+
+
+class InfillFilter:
+    """llama.cpp's infill sampler after top-k, top-p and min-p (the request's), on a row in place."""
+
+    def __init__(self, sampling: SamplingConfig, piece: Callable[[int], bytes], is_eog: Callable[[int], bool],
+                 eot: int) -> None:
+        self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
+        self._piece, self._is_eog, self.eot = piece, is_eog, eot
+        self._pieces: dict[int, bytes] = {}  # a candidate's text (b"" for a special token), looked up once
+        self._eogs: dict[int, bool] = {}
+
+    def piece(self, token: int) -> bytes:
+        got = self._pieces.get(token)
+        if got is None:
+            got = self._pieces[token] = self._piece(token)
+        return got
+
+    def is_eog(self, token: int) -> bool:
+        got = self._eogs.get(token)
+        if got is None:
+            got = self._eogs[token] = bool(self._is_eog(token))
+        return got
+
+    def candidates(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, logits as float64) that top-k, top-p and min-p keep of `row`, likeliest first (ties: lower ids)."""
+        ids = top_ids(row, self.top_k) if 0 < self.top_k < len(row) else np.arange(len(row))
+        z = row[ids].astype(np.float64)
+        order = np.lexsort((ids, -z))
+        ids, z = ids[order], z[order]
+        ids, z = ids[np.isfinite(z)], z[np.isfinite(z)]
+        if len(z) and self.top_p < 1.0:
+            p = np.exp(z - z[0])
+            cut = int(np.searchsorted(np.cumsum(p / p.sum()), self.top_p, side="left")) + 1
+            ids, z = ids[:cut], z[:cut]
+        if len(z) and self.min_p > 0.0:
+            keep = z >= z[0] + np.log(self.min_p)
+            ids, z = ids[keep], z[keep]
+        return ids, z
+
+    def keep(self, ids: np.ndarray, z: np.ndarray) -> tuple[list[int], list[float]]:
+        """What the infill sampler keeps of the candidates (ids, logits, likeliest first): their ids and the
+        logits `dist` draws them by (-inf for an end token merged away; EOT at 1.0 when it stands alone)."""
+        n = len(ids)
+        if n == 0:
+            return [], []
+        p = np.exp(z - z[0])
+        p = list(p / p.sum())
+        logit = list(z)
+        eog = [self.is_eog(int(t)) for t in ids]
+        p_eog = sum(q for q, e in zip(p, eog) if e)
+        p_txt = sum(q for q, e in zip(p, eog) if not e)
+        if 3.0 * p_eog * n > p_txt:  # the end is likely: the end tokens alone
+            return [int(t) for t, e in zip(ids, eog) if e], [x for x, e in zip(logit, eog) if e]
+        pieces = [self.piece(int(t)) for t in ids]
+        for i0 in range(n):  # candidates sharing a prefix, merged into the likelier (llama.cpp's loop, in its order)
+            for i1 in range(n):
+                if logit[i0] == -np.inf:
+                    break
+                if i0 == i1 or logit[i1] == -np.inf:
+                    continue
+                a, b = pieces[i0], pieces[i1]
+                if a and len(a) <= len(b) and b.startswith(a):
+                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                    p[dst] += p[src]
+                    logit[src], p[src] = -np.inf, 0.0
+        kept = [i for i in range(n) if p[i] >= TEXT_FLOOR or eog[i]]
+        texts = sum(not eog[i] for i in kept)
+        if texts == 0:
+            return [self.eot], [1.0]
+        total = sum(p[i] for i in kept)
+        floor = 1.0 / (texts + 1)
+        kept = [i for i in kept if p[i] / total >= floor or eog[i]]
+        return [int(ids[i]) for i in kept], [logit[i] for i in kept]
+
+    def __call__(self, row: np.ndarray) -> None:
+        """Every token of `row` the sampler does not keep set to -inf; the kept keep their logits."""
+        kept, logits = self.keep(*self.candidates(row))
+        if not kept:
+            return
+        row.fill(-np.inf)
+        row[np.asarray(kept, dtype=np.int64)] = np.asarray(logits, dtype=np.float32)
