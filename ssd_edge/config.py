@@ -126,6 +126,8 @@ class SamplingConfig(_Strict):
                                      "once per time the answer holds it")
     logit_bias: dict[int, float] = Field(default_factory=dict, description="token id -> added to its logit "
                                          "(-100 bans it, 100 all but forces it)")
+    infill: bool = Field(default=False, description="llama.cpp's infill sampler after top-k, top-p and min-p, as "
+                         "editors ask for it in /infill (structured/infill_filter.py)")
 
     @field_validator("logit_bias")
     @classmethod
@@ -143,8 +145,8 @@ class SamplingConfig(_Strict):
 
     @property
     def shapes_rows(self) -> bool:
-        """Whether rows change before their draw: a bias or a penalty."""
-        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        """Whether rows change before their draw: a bias, a penalty or the infill sampler."""
+        return bool(self.logit_bias) or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.infill
 
 
 class SpecConfig(_Strict):

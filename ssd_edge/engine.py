@@ -187,9 +187,10 @@ class Engine(Pair):
         try:
             loaded_s = self.load_draft() if self.draft is None and self.uses_draft(mode) else None
             s = sampling or self.config.sampling
-            shaping = Shaping(s, compiled, self.grammar_tokenizer() if compiled else None, self.target.is_eog)
-            yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(), s, loaded_s,
-                                 shaping, logprobs)
+            shaping = Shaping(s, compiled, self.grammar_tokenizer() if compiled else None, self.target.is_eog,
+                              self.target)
+            yield from self._run(prompt_ids, max_tokens, mode, stop, cancel or threading.Event(), shaping.draws(s),
+                                 loaded_s, shaping, logprobs)
         finally:
             self._lock.release()
 

@@ -108,6 +108,10 @@ class BackendModel(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
+    def eot(self) -> int:
+        """The end-of-text token (llama_vocab_eot, else its end of sequence): what llama.cpp's infill
+        sampler ends with."""
+
     def fim_tokens(self) -> FimTokens | None:
         """The fill-in-the-middle tokens, None where the vocabulary lacks prefix, suffix or middle."""
 

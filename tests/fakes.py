@@ -76,6 +76,9 @@ class FakeModel:
     def is_eog(self, token: int) -> bool:
         return token == EOS
 
+    def eot(self) -> int:
+        return EOS
+
     def piece(self, token: int) -> bytes:
         if self.alphabet is not None:
             return self.alphabet[token - 1].encode() if token else b""

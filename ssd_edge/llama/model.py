@@ -155,6 +155,11 @@ class Model:
             eog = self._eog[token] = bool(ll.llama_vocab_is_eog(self.vocab, token))
         return eog
 
+    def eot(self) -> int:
+        """The end-of-text token: llama_vocab_eot, else llama_vocab_eos (as llama.cpp's infill sampler ends)."""
+        eot = int(ll.llama_vocab_eot(self.vocab))
+        return eot if eot >= 0 else int(ll.llama_vocab_eos(self.vocab))
+
     def fim_tokens(self) -> FimTokens | None:
         """The GGUF's fill-in-the-middle tokens (llama_vocab_fim_pre/suf/mid/pad/rep/sep), None where the
         vocabulary lacks the prefix, suffix or middle one."""

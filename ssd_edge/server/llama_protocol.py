@@ -8,10 +8,10 @@ temperature, top_k, top_p, min_p, seed, stream, mode, ...):
   n_indent           stops.IndentLimit; t_max_predict_ms: stops.TimeLimit (0: off); t_max_prompt_ms accepted
   samplers           which of the filters apply (llama-server's meaning: one left out is off, and without
                      "temperature" the draw is at temperature 1). The engine applies them in its own order
-                     (top-k, top-p, min-p, temperature: llama.cpp's default); "infill" (llama.cpp's sampler that
-                     merges candidates sharing a prefix) is accepted and not applied, so that every mode draws
-                     the same tokens; the other llama.cpp names (penalties, dry, typ_p, xtc, top_n_sigma) are
-                     accepted: at their defaults they change nothing
+                     (top-k, top-p, min-p, then "infill", llama.cpp's sampler that keeps the end tokens where
+                     they weigh enough and merges candidates sharing a prefix, structured/infill_filter.py;
+                     the temperature last, on what they kept); the other llama.cpp names (penalties, dry,
+                     typ_p, xtc, top_n_sigma) are accepted: at their defaults they change nothing
   cache_prompt, id_slot   accepted: one slot, whose cache every request reuses (its longest common prefix)
   json_schema, grammar   the answer held to a JSON schema or a GBNF grammar (as response_format is)
   response_fields    ["content", "timings/prompt_n", ...]: only these, each under its path as the key
@@ -40,7 +40,7 @@ from .reply import speculation
 SAMPLERS: dict[str, str | None] = {
     "top_k": "top_k", "top-k": "top_k", "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p",
     "min_p": "min_p", "min-p": "min_p", "temperature": "temperature", "temp": "temperature",
-    "infill": None, "penalties": None, "dry": None, "typ_p": None, "typ-p": None, "typical_p": None,
+    "infill": "infill", "penalties": None, "dry": None, "typ_p": None, "typ-p": None, "typical_p": None,
     "typical-p": None, "typical": None, "typ": None, "xtc": None, "top_n_sigma": None,
 }
 OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}  # a filter left out of `samplers`
@@ -118,6 +118,13 @@ class LlamaFields(GenerationFields):
             for name, value in OFF.items():
                 if name not in used:
                     setattr(self, name, value)
+
+    def shaping(self) -> dict[str, Any]:
+        """The OpenAI fields' shaping, and llama.cpp's infill sampler where `samplers` names it."""
+        out = super().shaping()
+        if self.samplers is not None and any(SAMPLERS[name] == "infill" for name in self.samplers):
+            out["infill"] = True
+        return out
 
     def constraint(self) -> Constraint | None:
         """llama-server's json_schema or grammar (GBNF) field as a constraint (structured/), None if neither."""

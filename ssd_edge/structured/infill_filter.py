@@ -37,21 +37,7 @@ class InfillFilter:
     def __init__(self, sampling: SamplingConfig, piece: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  eot: int) -> None:
         self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
-        self._piece, self._is_eog, self.eot = piece, is_eog, eot
-        self._pieces: dict[int, bytes] = {}  # a candidate's text (b"" for a special token), looked up once
-        self._eogs: dict[int, bool] = {}
-
-    def piece(self, token: int) -> bytes:
-        got = self._pieces.get(token)
-        if got is None:
-            got = self._pieces[token] = self._piece(token)
-        return got
-
-    def is_eog(self, token: int) -> bool:
-        got = self._eogs.get(token)
-        if got is None:
-            got = self._eogs[token] = bool(self._is_eog(token))
-        return got
+        self.piece, self.is_eog, self.eot = piece, is_eog, eot  # (a token's text: b"" for a special one)
 
     def candidates(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, logits as float64) that top-k, top-p and min-p keep of `row`, likeliest first (ties: lower ids)."""

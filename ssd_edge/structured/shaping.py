@@ -1,5 +1,5 @@
-"""A row's shaping before its draw: logit bias, penalties, the grammar's mask (in that order; then the
-sampling chain's top-k, top-p, min-p and temperature, sampling.py).
+"""A row's shaping before its draw: logit bias, penalties, the grammar's mask, llama.cpp's infill sampler
+where asked (in that order; then the sampling chain's top-k, top-p, min-p and temperature, sampling.py).
 
 Every shaping is a function of the answer's tokens before the row's position, and of nothing else. So
 the target's draw at a position (coupling.py) is still a function of the row, the seed, the position
@@ -26,6 +26,7 @@ import numpy as np
 from ..config import SamplingConfig
 from ..llama.kvseq import common_prefix
 from .constraint import Compiled
+from .infill_filter import InfillFilter
 
 try:  # compiled at install (setup.py); without it numpy masks the same
     from ..native import mask as compiled_mask
@@ -37,7 +38,7 @@ class Shaping:
     """One generation's row shaping; cursor() makes the readers that apply it."""
 
     def __init__(self, sampling: SamplingConfig, compiled: Compiled | None = None, tokenizer: Any = None,
-                 is_eog: Any = None) -> None:
+                 is_eog: Any = None, model: Any = None) -> None:
         bias = sampling.logit_bias
         self.bias = (np.array(list(bias), dtype=np.int64), np.array(list(bias.values()), dtype=np.float32)) \
             if bias else None
@@ -54,11 +55,19 @@ class Shaping:
         self.trigger = compiled.trigger if compiled is not None else None
         self.is_eog = is_eog or (lambda t: False)
         self.penalises = self.presence != 0.0 or self.frequency != 0.0
+        # llama.cpp's infill sampler, last (it reads the row the others shaped); `model`: its vocabulary
+        self.infill = InfillFilter(sampling, model.piece, model.is_eog, model.eot()) \
+            if sampling.infill and model is not None else None
 
     @property
     def active(self) -> bool:
         """Whether any row changes at all."""
-        return self.matcher is not None or self.bias is not None or self.penalises
+        return self.matcher is not None or self.bias is not None or self.penalises or self.infill is not None
+
+    def draws(self, sampling: SamplingConfig) -> SamplingConfig:
+        """The sampling the draws after this shaping run with: under the infill sampler, which has applied
+        top-p and min-p itself (before it, as llama.cpp's chain does), without them."""
+        return sampling.model_copy(update=dict(top_p=1.0, min_p=0.0)) if self.infill is not None else sampling
 
     def cursor(self) -> "Cursor":
         return Cursor(self)
@@ -180,12 +189,14 @@ class Cursor:
             n = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
             ok = ids < len(row)  # a draft's vocabulary may stop short of the target's padding tokens
             row[ids[ok]] -= (s.presence + s.frequency * n)[ok]
-        if self.constrained:
+        constrained = self.constrained
+        if constrained:
             self.matcher.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
-            if mask:
+            if mask or s.infill is not None:  # (the infill sampler reads the masked row)
                 apply_mask(row, self.mask)
-            return True
-        return False
+        if s.infill is not None:
+            s.infill(row)
+        return constrained
 
     def __call__(self, row: np.ndarray, answer: Sequence[int], mask: bool = True) -> bool:
         """follow(answer) then shape(row, mask)."""

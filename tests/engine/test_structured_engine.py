@@ -204,3 +204,13 @@ def test_tools_none_leaves_the_tools_out(monkeypatch):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     out = eng.complete(messages=[{"role": "user", "content": "hi"}], max_tokens=8, constraint=Tools(tools, "none"))
     assert seen == [None] and out.tool_calls == ()
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_the_infill_sampler_holds_every_mode_to_ars_tokens(eng, seed):
+    """llama.vim's sampling (top-k 40, top-p 0.9, infill; temperature 1): the same tokens in every mode, alone
+    and under a grammar, and not the answer drawn without the infill sampler (which keeps far fewer tokens)."""
+    s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.9, min_p=0.0, seed=seed)
+    infill = every_mode_is_ar(eng, None, s.model_copy(update=dict(infill=True)))
+    assert infill.tokens != eng.complete(tokens=PROMPT, max_tokens=60, mode="ar", sampling=s).tokens
+    every_mode_is_ar(eng, JsonSchema(SCHEMA), s.model_copy(update=dict(infill=True)))

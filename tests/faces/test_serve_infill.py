@@ -16,6 +16,7 @@ from fakes import ALPHABET, FakeContext, FakeModel
 from ssd_edge.config import EngineConfig
 from ssd_edge.engine import Engine
 from ssd_edge.events import FinishEvent
+from ssd_edge.config import SamplingConfig
 from ssd_edge.infill import Chunk, layout
 from ssd_edge.llama.kvseq import common_prefix
 from ssd_edge.server import create_app
@@ -114,6 +115,25 @@ def test_infill_answers_llama_vscodes_requests(served):
     assert answers[0]["tokens_cached"] == n - 1  # the warm-up read all of it but the last token
     one = c.post("/infill", json={**CODE_INFILL, "n_cmpl": 1, "seed": 6}).json()
     assert one["content"] == answers[1]["content"]  # the second answer's seed is seed + 1
+
+
+@pytest.mark.parametrize("seed", [8, 9])
+def test_llama_vims_samplers_draw_under_llama_cpps_infill_sampler(served, seed):
+    """llama.vim asks for samplers top_k, top_p and infill, without a temperature: the answer is the engine's
+    own draw at temperature 1 under the infill sampler (structured/infill_filter.py), not the one without it."""
+    eng = fim_engine()
+    extra = [Chunk(e["text"], e["filename"]) for e in EXTRA]
+    laid = layout(eng.target, "def f():\n", "\nf()\n", prompt="  ", extra=extra, n_batch=512, n_ctx=4096, n_predict=20)
+    s = SamplingConfig(temperature=1.0, top_k=40, top_p=0.9, min_p=0.0, seed=seed)
+    ref = own(eng, laid.tokens, 20, mode="ar", sampling=s.model_copy(update=dict(infill=True)))
+    eng.reset()
+    c = served(eng)
+    body = {k: v for k, v in VIM_INFILL.items() if k not in ("response_fields", "n_indent", "t_max_predict_ms")}
+    r = c.post("/infill", json={**body, "input_prefix": "def f():\n", "input_suffix": "\nf()\n", "prompt": "  ",
+                                "n_predict": 20, "seed": seed, "mode": "sd"}).json()
+    assert r["tokens"] == list(ref.tokens)
+    eng.reset()
+    assert own(eng, laid.tokens, 20, mode="ar", sampling=s).tokens != ref.tokens
 
 
 def test_infill_is_the_engines_answer_over_the_layout(served):

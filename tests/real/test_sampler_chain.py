@@ -185,3 +185,59 @@ def test_top_p_differences_come_from_llama_cpps_float32_sum(rows):
     assert sum(o != c for o, c in zip(ours, cpp)) >= len(rows) // 2
     assert all(o >= c for o, c in zip(ours, cpp))  # the float32 normaliser comes out low: llama.cpp keeps fewer
     assert sum(e != c for e, c in zip(emulated, cpp)) <= 2, list(zip(emulated, cpp))
+
+
+# ------------------------------------------------------------ llama.cpp's infill sampler (editors' /infill)
+
+def llama_cpp_infill_probs(row: np.ndarray, vocab, top_k: int, top_p: float) -> np.ndarray:
+    """The probabilities llama.cpp leaves on `row` under llama.vim's chain, top_k -> top_p -> infill -> dist."""
+    import llama_cpp as ll
+
+    n = len(row)
+    data = (ll.llama_token_data * n)()
+    view = np.ctypeslib.as_array(data)
+    view["id"], view["logit"], view["p"] = np.arange(n), row, 0.0
+    cur = ll.llama_token_data_array(data=data, size=n, selected=-1, sorted=False)
+    chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    try:
+        for smpl in (ll.llama_sampler_init_top_k(top_k), ll.llama_sampler_init_top_p(top_p, 1),
+                     ll.llama_sampler_init_infill(vocab), ll.llama_sampler_init_dist(1234)):
+            ll.llama_sampler_chain_add(chain, smpl)
+        ll.llama_sampler_apply(chain, ctypes.byref(cur))
+    finally:
+        ll.llama_sampler_free(chain)
+    kept = np.ctypeslib.as_array(cur.data, shape=(cur.size,))
+    out = np.zeros(n)
+    out[kept["id"]] = kept["p"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_model(small_pair):
+    from ssd_edge.llama.backend import Model
+
+    model = Model(small_pair[0])
+    yield model
+    model.close()
+
+
+@pytest.mark.parametrize("top_k, top_p", [(40, 0.9), (40, 1.0), (100, 0.99)])
+def test_the_infill_filter_equals_llama_cpps_infill_sampler(rows, small_model, top_k, top_p):
+    """llama.vim's samplers (top_k, top_p, infill; no temperature): the infill filter's shaping, then the draws'
+    chain (Shaping.draws: top-p already applied), give llama.cpp's probabilities on every real row."""
+    from ssd_edge.structured.shaping import Shaping
+
+    s = SamplingConfig(temperature=1.0, top_k=top_k, top_p=top_p, min_p=0.0, infill=True)
+    shaping = Shaping(s, model=small_model)
+    draws = shaping.draws(s)
+    sizes = []
+    for i, row in enumerate(rows):
+        shaped = row.copy()
+        shaping.cursor().shape(shaped)
+        ours, theirs = probs(shaped, draws), llama_cpp_infill_probs(row, small_model.vocab, top_k, top_p)
+        assert np.array_equal(np.flatnonzero(ours), np.flatnonzero(theirs)), (
+            f"row {i}: ssd-edge keeps {np.flatnonzero(ours)[:8]}, llama.cpp {np.flatnonzero(theirs)[:8]}")
+        err = float(np.abs(ours - theirs).max())
+        assert err <= PROB_ATOL, f"row {i}: probabilities differ by {err:.2e}"
+        sizes.append(int(np.count_nonzero(ours)))
+    assert min(sizes) == 1 and max(sizes) > 1, sizes  # it cut to one token on some rows, left a choice on others

@@ -261,6 +261,9 @@ class PricedModel:
     def is_eog(self, token: int) -> bool:
         return token in EOG
 
+    def eot(self) -> int:
+        return SPECIALS["<|endoftext|>"]
+
     def fim_tokens(self) -> None:
         """A priced pair has no fill-in-the-middle tokens."""
         return None
