@@ -233,7 +233,7 @@ class Engine(Pair):
                 remaining = gen.remaining
                 prop = rounds.propose(gen.history, min(gen.room, remaining) - 1, remaining)
                 alone = not prop.draft.tokens and len(gen.history) > gen.n_prompt and (prop.run_s or rounds.worker is None)
-                at = live.before(plain=bool(alone)) if live.choice else at  # (plain steps, nothing beside them)
+                at = live.before(plain=bool(alone), turns=rounds.prompt_alone) if live.choice else at
                 done = _plain_run(self.target_kv, gen, prop, t_round, at) if prop.run_s else None
                 if done is None:  # a round verified the usual way (a plain run the target cannot make: no more)
                     rounds.runs = rounds.runs and not prop.run_s

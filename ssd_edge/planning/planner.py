@@ -230,6 +230,12 @@ class Rounds:
         return self.prepared is not None and self.prepared.busy
 
     @property
+    def prompt_alone(self) -> bool:
+        """Whether the prompt's round, not yet run, is the target's alone, the two models taking turns
+        (PreparedProposer.prompt_alone)."""
+        return not self.prefilled and self.prepared is not None and self.prepared.prompt_alone
+
+    @property
     def beside(self) -> int:
         """Branches the worker grows beside the verify now running (0: it rests)."""
         return self.prepared.width if self.busy else 0
@@ -252,7 +258,7 @@ class Rounds:
     def propose(self, history: list[int], room: int, remaining: int) -> Proposal:
         """The draft to verify after `history`, at most `room` tokens (mode ar: a plain step, and after
         the prompt a plain run)."""
-        if room < 1 or self.plain:
+        if room < 1 or self.plain or self.prompt_alone:  # (prompt_alone: the first token as soon as ar's)
             self.decision = None
             return PLAIN_RUN if self.runs and self.prefilled else NOTHING
         ask = Ask(history, room, remaining)

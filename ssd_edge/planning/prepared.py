@@ -61,13 +61,16 @@ class PreparedProposer:
     kind = "prepared"
 
     def __init__(self, worker: Any, policy: Any, acceptance: DraftAcceptance, costs: Costs, cap: int, k_min: int,
-                 planned: bool, always: bool) -> None:
+                 planned: bool, always: bool, prompt_alone: bool = False) -> None:
         self.worker = worker
         self.policy = policy
         self.acceptance = acceptance
         self.costs = costs
         self.cap, self.k_min, self.planned = cap, k_min, planned
         self.always = always  # ssd: the worker prepares every round; auto: while it earns its keep
+        # the target reads the prompt alone, with every core of this CPU (threads that follow the machine): the
+        # draft reads it after, as the next round drafts, with every core too (engine.py: the prompt's threads)
+        self.prompt_alone = prompt_alone
         self.looked: Any = None  # this round's LookupResult
         self.status: str | None = None  # this round's lookup: hit, partial, miss (None: nothing prepared)
         self.hits = Rate(HIT_PRIOR, weight=2.0, keep=0.95)  # prepared rounds used / looked up
@@ -157,6 +160,8 @@ class PreparedProposer:
         return runs
 
     def _runs(self, verifying: int) -> bool:
+        if not self.prefilled and self.prompt_alone:  # (1+1 threads reading a long prompt side by side took
+            return False  # twice ar's time to the first token on 2 cores; one after the other, every core each)
         if self.always:
             return True
         if not self.prefilled:  # the draft reads the prompt beside the target's own reading of it, unless

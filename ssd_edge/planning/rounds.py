@@ -82,15 +82,21 @@ def threads_for(mode: str, cfg: EngineConfig, has_draft: bool, profile: Profile 
     return cfg.model_copy(update=update)
 
 
+def follows_machine(cfg: EngineConfig) -> bool:
+    """Whether a generation's threads follow this machine's live timings: no thread count given
+    (threads_follow_mode), and the target on this CPU's cores, more than one (a GPU's or a server's step
+    does not depend on them)."""
+    return cfg.threads_follow_mode and not offloaded(cfg) and usable_cores() > 1
+
+
 def live_threads(choice: ThreadChoice, mode: str, cfg: EngineConfig, drafts: bool,
                  use: Callable[[int | None, int | None], None]) -> LiveThreads:
     """A generation's threads at cfg's split (threads_for's; the draft's where it `drafts` in `mode`),
-    following the engine's ThreadChoice (threads.py: live timings decide) where the user gave no
-    thread count (threads_follow_mode) and the target runs on this CPU's cores, more than one: a
-    GPU's or a server's step does not depend on them."""
+    following the engine's ThreadChoice (threads.py: live timings decide) where they follow the machine
+    (follows_machine)."""
     drafts = drafts and cfg.draft is not None and "draft" in MENUS[mode].kinds
     split = (cfg.target.threads, cfg.draft.threads if drafts and cfg.draft is not None else None)
-    follows = cfg.threads_follow_mode and not offloaded(cfg) and usable_cores() > 1
+    follows = follows_machine(cfg)
     if follows:
         choice.adopt(split[0], usable_cores())
     return LiveThreads(choice if follows else None, split, runs_beside(cfg), use)
@@ -154,7 +160,7 @@ def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, me
 
         worker, policy = PrespecWorker(drafter, p, meter, n_draft_seqs, cancelled, target), PrespecPolicy(p, tree)
         prepared = PreparedProposer(worker, policy, acceptance, costs, draft_cap, k_min, planned,
-                                    always=menu.worker == "always")
+                                    always=menu.worker == "always", prompt_alone=follows_machine(cfg))
     if ngram is not None and mode == "ssd":
         ngram.offered = ssd_offers(policy)
     draft = DraftProposer(drafter, acceptance, costs, draft_cap, k_min, planned, worker, ngram, prepared, cancelled)

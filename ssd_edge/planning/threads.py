@@ -85,6 +85,13 @@ class ThreadChoice:
         self.probing = None
         return self.current
 
+    def reading(self) -> int:
+        """The count a prompt is read at, the target alone: of the counts its plain steps were timed at
+        lately, the fastest, once two are; before that every core (a batch keeps every core busy, where a
+        step's count may have been set by a split's prior)."""
+        timed = {t: e.value for t, e in self.recent.items() if e.value is not None}
+        return min(timed, key=lambda t: timed[t]) if len(timed) >= 2 else max(self.options)
+
     def observe(self, threads: int, ms_per_step: float, steps: int) -> None:
         """A plain round of `steps` steps at `threads`, `ms_per_step` each."""
         if threads not in self.recent or steps < 1:
@@ -133,18 +140,20 @@ class LiveThreads:
         self.choice, self.split, self.beside, self._use = choice, split, beside, use
         self.now = split  # the (target, draft) threads the contexts run at
 
-    def before(self, plain: bool) -> tuple[int, int | None]:
-        """Set the contexts' threads for the next round (plain: it drafts nothing)."""
+    def before(self, plain: bool, turns: bool = False) -> tuple[int, int | None]:
+        """Set the contexts' threads for the next round (plain: it drafts nothing; turns: the two models
+        take turns in it, though the draft could run beside: the prompt's round, which the target reads
+        alone, and whose threads the draft then reads the prompt with as the next round drafts)."""
         if self.choice is None:
             return self.now
         assert self.choice.current is not None  # adopted
         if plain:
             t = self.choice.pick()
             self.now = (t, self.split[1] if self.beside or self.split[1] is None else t)
-        elif self.beside:
+        elif self.beside and not turns:
             self.now = self.split
         else:
-            t = self.choice.current
+            t = self.choice.reading() if turns else self.choice.current
             self.now = (t, t if self.split[1] is not None else None)
         self._use(*self.now)
         return self.now

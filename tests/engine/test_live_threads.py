@@ -100,3 +100,39 @@ def test_the_tokens_do_not_depend_on_the_threads():
     rounds = rounds_of(eng, 60)[0]
     assert {r.threads for r in rounds} == {(2, None), (1, None)}  # it moved mid-generation
     assert [t for r in rounds for t in r.tokens] == plain
+
+
+@pytest.mark.parametrize("mode", ["ssd", "auto"])
+def test_the_prompt_is_read_by_the_target_alone_with_every_core_then_the_draft_with_every_core(mode):
+    """Where the draft would run beside the target on cores of their own (ssd's 1 + 1 on 2 cores), the prompt's
+    round is the target's alone, at every core: nothing drafted, no worker beside it (the two reading side
+    by side at one thread each took twice ar's time to the first token, on a 1,149-token prompt of the
+    default pair). The draft then reads the prompt as the next round drafts, at those threads too; the verifies
+    after it run at the split. The tokens are ar's."""
+    machine = Machine()
+    cfg = EngineConfig.build(target=dict(path="fake-target", threads=1), draft=dict(path="fake-draft", threads=1),
+                             n_ctx=2048, mode=mode, threads_follow_mode=True, spec=dict(k=4))
+    ctx = FakeContext(FakeModel("target"), n_ctx=2048)
+    ctx.decode_delay = lambda n: machine.step_s(ctx, n)
+    draft_ctx = FakeContext(FakeModel("draft", disagree_every=5), n_ctx=4096, n_seq_max=cfg.prespec.fanout_max + 1)
+    eng = Engine.from_parts(cfg, FakeModel("target"), ctx, FakeModel("draft", disagree_every=5), draft_ctx)
+    seen = []
+    plain_read = draft_ctx.decode
+
+    def decode(tokens, *args, **kwargs):
+        seen.append((len(tokens), draft_ctx.threads))
+        return plain_read(tokens, *args, **kwargs)
+    draft_ctx.decode = decode
+    rounds, fin = [], None
+    for ev in eng.generate(tokens=PROMPT * 20, max_tokens=40, mode=mode):
+        if isinstance(ev, FinishEvent):
+            fin = ev
+        else:
+            rounds.append(ev.round)
+    first = rounds[0]
+    assert first.drafted == 0 and first.beside == 0 and first.threads == (2, 2)
+    if mode == "ssd":  # the draft's first reads: the prompt and the first token, a batch (64) at a time
+        assert sum(n for n, _ in seen[:2]) == len(PROMPT) * 20 + 1 and {t for _, t in seen[:2]} == {2}
+        assert rounds[1].drafted > 0 and rounds[1].threads == (1, 1) and rounds[1].beside > 0
+    ar = eng.complete(tokens=PROMPT * 20, max_tokens=40, mode="ar")
+    assert [t for r in rounds for t in r.tokens] == list(ar.tokens)
