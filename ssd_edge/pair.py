@@ -165,6 +165,9 @@ class Pair:
     def _attach_draft(self, draft: Any, draft_ctx: Any) -> None:
         self.draft, self.draft_ctx = draft, draft_ctx
         self.draft_kv = KVSeq(draft_ctx, 0)
+        # --cache-reuse for the draft too: its first read of a generation moves what the last one left, as the
+        # target's does (only one sequence holds cells then: SSD's worker leaves its draft on sequence 0 alone)
+        self.draft_kv.reuse = self.config.cache_reuse
         self.n_draft_seqs = draft_ctx.n_seq_max
         self._info = (self._info[0], _info_of(draft))
         # bytes one draft KV cell takes (K and V over all layers): the budget in bytes for monitoring

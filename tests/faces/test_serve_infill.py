@@ -343,3 +343,23 @@ def test_flatten_keeps_the_paths_there_under_their_own_names():
     assert flatten(body, ["content", "timings/prompt_n", "timings/nope", "nope/x"]) == {
         "content": "x", "timings/prompt_n": 3}
     assert flatten(body, None) == body and flatten(body, []) == body and flatten(body, [""]) == {}
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_cache_reuse_moves_the_drafts_chunks_too(served, mode):
+    """With --cache-reuse the draft's cache moves its chunks as the target's does: after the window lost lines
+    at the top, the draft reads only what is new (its decodes' tokens), and the answer is ar's cold one."""
+    lines = [f"line{i} = {i} * {i}\n" for i in range(20)]
+    body = {"input_suffix": "\nend\n", "n_predict": 8, "mode": mode}
+    later = "".join(lines[5:]) + "x"
+    cold = fim_engine()
+    want = own(cold, layout(cold.target, later, "\nend\n", n_predict=8).tokens, 8, mode="ar")
+    eng = fim_engine(cache_reuse=16)
+    c = served(eng)
+    c.post("/infill", json={**body, "input_prefix": "".join(lines) + "x"})
+    before = sum(eng.draft_ctx.batch_sizes)
+    r = c.post("/infill", json={**body, "input_prefix": later}).json()
+    read = sum(eng.draft_ctx.batch_sizes) - before
+    assert r["content"] == want.text
+    assert r["timings"]["prompt_n"] <= r["tokens_evaluated"] / 4
+    assert read <= r["tokens_evaluated"] / 4 + 8 * 8  # what moved in, and its drafts (8 tokens at most a round)
