@@ -29,6 +29,9 @@ from ..config import SamplingConfig
 from ..sampling import top_ids
 
 TEXT_FLOOR = 0.2  # llama.cpp's first threshold on a text candidate's (merged) probability
+# the likeliest candidates it reads at most: where top-k is off or wider (llama.cpp's own pairwise loop over a
+# whole vocabulary's nucleus would take minutes a token), the rest weigh too little to pass its thresholds
+MOST = 1024
 
 
 class InfillFilter:
@@ -53,7 +56,7 @@ class InfillFilter:
         if len(z) and self.min_p > 0.0:
             keep = z >= z[0] + np.log(self.min_p)
             ids, z = ids[keep], z[keep]
-        return ids, z
+        return ids[:MOST], z[:MOST]
 
     def keep(self, ids: np.ndarray, z: np.ndarray) -> tuple[list[int], list[float]]:
         """What the infill sampler keeps of the candidates (ids, logits, likeliest first): their ids and the
@@ -70,17 +73,17 @@ class InfillFilter:
         if 3.0 * p_eog * n > p_txt:  # the end is likely: the end tokens alone
             return [int(t) for t, e in zip(ids, eog) if e], [x for x, e in zip(logit, eog) if e]
         pieces = [self.piece(int(t)) for t in ids]
-        for i0 in range(n):  # candidates sharing a prefix, merged into the likelier (llama.cpp's loop, in its order)
-            for i1 in range(n):
+        # candidates sharing a prefix, merged into the likelier: llama.cpp's loop over every pair (i0, i1) in its
+        # order, visiting only the pairs it can merge (i0's text a prefix of i1's): the others change nothing
+        for i0, extensions in enumerate(_extensions(pieces)):
+            for i1 in extensions:
                 if logit[i0] == -np.inf:
                     break
-                if i0 == i1 or logit[i1] == -np.inf:
+                if logit[i1] == -np.inf:
                     continue
-                a, b = pieces[i0], pieces[i1]
-                if a and len(a) <= len(b) and b.startswith(a):
-                    dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
-                    p[dst] += p[src]
-                    logit[src], p[src] = -np.inf, 0.0
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                logit[src], p[src] = -np.inf, 0.0
         kept = [i for i in range(n) if p[i] >= TEXT_FLOOR or eog[i]]
         texts = sum(not eog[i] for i in kept)
         if texts == 0:
@@ -97,3 +100,24 @@ class InfillFilter:
             return
         row.fill(-np.inf)
         row[np.asarray(kept, dtype=np.int64)] = np.asarray(logits, dtype=np.float32)
+
+
+def _extensions(pieces: list[bytes]) -> list[list[int]]:
+    """For each text, the indices (ascending) of the other texts it is a prefix of (none for an empty one):
+    with the texts sorted, those that start with a text follow it (equal ones may also precede it)."""
+    order = sorted(range(len(pieces)), key=lambda i: pieces[i])
+    out: list[list[int]] = [[] for _ in pieces]
+    for r, i in enumerate(order):
+        a = pieces[i]
+        if not a:
+            continue
+        back = r - 1
+        while back >= 0 and pieces[order[back]] == a:
+            out[i].append(order[back])
+            back -= 1
+        ahead = r + 1
+        while ahead < len(order) and pieces[order[ahead]].startswith(a):
+            out[i].append(order[ahead])
+            ahead += 1
+        out[i].sort()
+    return out

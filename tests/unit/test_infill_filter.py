@@ -84,3 +84,63 @@ def test_the_filter_is_the_last_shaping_and_the_draws_skip_what_it_did():
     assert (draws.top_p, draws.min_p, draws.top_k, draws.temperature) == (1.0, 0.0, 40, 1.0)
     plain = Shaping(SamplingConfig(), model=Vocab())
     assert plain.infill is None and not plain.active and plain.draws(SamplingConfig()) == SamplingConfig()
+
+
+def naive_keep(ids, z, pieces, eog, eot):
+    """llama.cpp's loop as written (src/llama-sampler.cpp): every pair (i0, i1), in order."""
+    n = len(ids)
+    p = np.exp(z - z[0])
+    p = list(p / p.sum())
+    logit = list(z)
+    p_eog = sum(q for q, e in zip(p, eog) if e)
+    if 3.0 * p_eog * n > sum(p) - p_eog:
+        return [int(t) for t, e in zip(ids, eog) if e]
+    for i0 in range(n):
+        for i1 in range(n):
+            if logit[i0] == -np.inf:
+                break
+            if i0 == i1 or logit[i1] == -np.inf:
+                continue
+            a, b = pieces[i0], pieces[i1]
+            if a and len(a) <= len(b) and b[:len(a)] == a:
+                dst, src = (i1, i0) if p[i1] > p[i0] else (i0, i1)
+                p[dst] += p[src]
+                logit[src], p[src] = -np.inf, 0.0
+    kept = [i for i in range(n) if p[i] >= 0.2 or eog[i]]
+    texts = sum(not eog[i] for i in kept)
+    if texts == 0:
+        return [eot]
+    total = sum(p[i] for i in kept)
+    return [int(ids[i]) for i in kept if p[i] / total >= 1.0 / (texts + 1) or eog[i]]
+
+
+def test_the_merge_visits_the_pairs_llama_cpps_loop_would_merge_in_its_order():
+    """Only the pairs whose first text is a prefix of the second are visited (the texts sorted): the same
+    kept tokens as llama.cpp's loop over every pair, on random candidates over a prefix-rich vocabulary."""
+    rng = np.random.default_rng(0)
+    words = [b"", b"a", b"ab", b"abc", b"abd", b"b", b"ba", b"a", b"abcd", b"c", b"ca", b"cab"]
+    for _ in range(300):
+        n = int(rng.integers(2, len(words) + 1))
+        pieces = [words[int(i)] for i in rng.choice(len(words), size=n, replace=False)]
+        eog = [piece == b"" and rng.random() < 0.5 for piece in pieces]
+        z = np.sort(rng.normal(size=n) * float(rng.choice([0.3, 1.0, 3.0])))[::-1]
+        ids = np.arange(100, 100 + n)
+        f = InfillFilter(SAMPLING, lambda t: pieces[t - 100], lambda t: eog[t - 100], EOT)
+        assert f.keep(ids, z)[0] == naive_keep(ids, z, pieces, eog, EOT), (pieces, eog, z)
+
+
+def test_a_whole_vocabulary_is_read_as_its_likeliest_candidates_and_quickly():
+    """samplers: ["infill"] alone (top-k and top-p off) on a flat 152k row: the filter reads the MOST likeliest
+    candidates (llama.cpp's pairwise loop over the whole nucleus would take minutes a token)."""
+    import time
+
+    from ssd_edge.structured.infill_filter import MOST
+
+    row = np.random.default_rng(1).normal(size=151_936).astype(np.float32)
+    s = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, infill=True)
+    f = InfillFilter(s, lambda t: b"w%d" % t, lambda t: t == 0, 0)
+    t0 = time.perf_counter()
+    ids, z = f.candidates(row)
+    f(row)
+    assert len(ids) == MOST and time.perf_counter() - t0 < 2.0
+    assert list(np.flatnonzero(np.isfinite(row))) == [0]  # nothing near 0.2 in a flat row: the end of text alone
