@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from ..config import SamplingConfig
-from ..sampling import top_ids
+from ..sampling import support
 
 TEXT_FLOOR = 0.2  # llama.cpp's first threshold on a text candidate's (merged) probability
 # the likeliest candidates it reads at most: where top-k is off or wider (llama.cpp's own pairwise loop over a
@@ -39,33 +39,24 @@ class InfillFilter:
 
     def __init__(self, sampling: SamplingConfig, piece: Callable[[int], bytes], is_eog: Callable[[int], bool],
                  eot: int) -> None:
-        self.top_k, self.top_p, self.min_p = sampling.top_k, sampling.top_p, sampling.min_p
+        self.filters = sampling.model_copy(update=dict(temperature=1.0))  # top-k, top-p, min-p at temperature 1
         self.piece, self.is_eog, self.eot = piece, is_eog, eot  # (a token's text: b"" for a special one)
 
-    def candidates(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, logits as float64) that top-k, top-p and min-p keep of `row`, likeliest first (ties: lower ids)."""
-        ids = top_ids(row, self.top_k) if 0 < self.top_k < len(row) else np.arange(len(row))
+    def candidates(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, their logits, their probabilities at temperature 1) that top-k, top-p and min-p keep of `row`
+        (sampling.support, the chain every draw reads), likeliest first (ties: lower ids), MOST at most."""
+        ids, p = support(row, self.filters)
         z = row[ids].astype(np.float64)
-        order = np.lexsort((ids, -z))
-        ids, z = ids[order], z[order]
-        ids, z = ids[np.isfinite(z)], z[np.isfinite(z)]
-        if len(z) and self.top_p < 1.0:
-            p = np.exp(z - z[0])
-            cut = int(np.searchsorted(np.cumsum(p / p.sum()), self.top_p, side="left")) + 1
-            ids, z = ids[:cut], z[:cut]
-        if len(z) and self.min_p > 0.0:
-            keep = z >= z[0] + np.log(self.min_p)
-            ids, z = ids[keep], z[keep]
-        return ids[:MOST], z[:MOST]
+        order = np.lexsort((ids, -z))[:MOST]
+        return ids[order], z[order], p[order] / p[order].sum()
 
-    def keep(self, ids: np.ndarray, z: np.ndarray) -> tuple[list[int], list[float]]:
-        """What the infill sampler keeps of the candidates (ids, logits, likeliest first): their ids and the
-        logits `dist` draws them by (-inf for an end token merged away; EOT at 1.0 when it stands alone)."""
+    def keep(self, ids: np.ndarray, z: np.ndarray, p0: np.ndarray) -> tuple[list[int], list[float]]:
+        """What the infill sampler keeps of the candidates (ids, logits, probabilities; likeliest first): their
+        ids and the logits `dist` draws them by (-inf for an end token merged away; EOT at 1.0 alone)."""
         n = len(ids)
         if n == 0:
             return [], []
-        p = np.exp(z - z[0])
-        p = list(p / p.sum())
+        p = list(p0)
         logit = list(z)
         eog = [self.is_eog(int(t)) for t in ids]
         p_eog = sum(q for q, e in zip(p, eog) if e)
