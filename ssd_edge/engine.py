@@ -200,7 +200,8 @@ class Engine(Pair):
         return planned.build(mode, cfg, gen.sampling, gen.seed, gen.meter, gen.cancel.is_set, draft_kv=self.draft_kv,
                              n_draft_seqs=self.n_draft_seqs, step_ms=step.value if step is not None else None,
                              profile=self.auto_profile() if mode in ("ssd", "auto") and self.has_draft else None,
-                             shaping=gen.shaping, n_prompt=gen.n_prompt, tree=self._tree(mode), target=self.target_kv.ctx)
+                             shaping=gen.shaping, n_prompt=gen.n_prompt, tree=self._tree(mode), target=self.target_kv.ctx,
+                             target_info=self.model_info[0])
 
     def _tree(self, mode: str) -> Any:
         """The mode's TreeChoice (speculation/policy.py), kept over generations; None where nothing

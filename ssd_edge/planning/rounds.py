@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import EngineConfig, SamplingConfig, split_threads, usable_cores
+from ..interface import ModelInfo
 from ..llama.kvseq import KVSeq
 from ..metrics import Meter
 from ..speculation.drafters import ModelDrafter, NgramDrafter
@@ -43,6 +44,14 @@ def offloaded(cfg: EngineConfig) -> bool:
     from ..llama.backend import gpu_offload_supported
 
     return cfg.target.n_gpu_layers != 0 and (bool(cfg.target.rpc) or gpu_offload_supported())
+
+
+def on_device(cfg: EngineConfig, info: ModelInfo | None = None) -> bool:
+    """Whether the target's verifies run on a device of their own, which a draft decoding beside them
+    does not slow (the planner's contention is then 1 from the start): offloaded(cfg), or a target whose
+    layers are there as loaded (`info`, its ModelInfo: the priced pair's, whose decodes wait a GPU's
+    prices)."""
+    return offloaded(cfg) or (info is not None and info.gpu_layers > 0)
 
 
 def runs_beside(cfg: EngineConfig) -> bool:
@@ -112,15 +121,18 @@ def ssd_offers(policy: Any) -> Callable[[Any], bool]:
 def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
           cancelled: Callable[[], bool], *, draft_kv: KVSeq | None, n_draft_seqs: int,
           step_ms: float | None = None, profile: Profile | None = None, shaping: Shaping | None = None,
-          n_prompt: int = 0, tree: TreeChoice | None = None, target: Any = None) -> Rounds:
+          n_prompt: int = 0, tree: TreeChoice | None = None, target: Any = None,
+          target_info: ModelInfo | None = None) -> Rounds:
     """The rounds of one generation in `mode`, priced by this device's profile where there is one
     and a plain step as earlier generations timed it (step_ms). shaping: the generation's constraint,
     bias and penalties (structured/shaping.py), applied to the draft's rows as to the target's; a
     grammar's forced runs go first in every round of a mode that drafts (n_prompt: where the answer
     begins in a history). tree: whether SSD's tree pays, as earlier generations found (the engine's).
-    target: the target's context, whose decodes wake SSD's worker as they start (prespec/handoff.py)."""
+    target: the target's context, whose decodes wake SSD's worker as they start (prespec/handoff.py);
+    target_info: its model's ModelInfo as loaded, where it has one (on_device reads it)."""
     rounds = _build(mode, cfg, sampling, seed, meter, cancelled, draft_kv, n_draft_seqs, step_ms, profile,
-                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None, tree, target)
+                    DraftRows(shaping.cursor(), n_prompt) if shaping is not None else None, tree, target,
+                    on_device(cfg, target_info))
     if shaping is not None and shaping.matcher is not None and not rounds.plain:
         rounds.forced = ForcedRuns(shaping.cursor(), n_prompt)
     return rounds
@@ -129,14 +141,14 @@ def build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, met
 def _build(mode: str, cfg: EngineConfig, sampling: SamplingConfig, seed: int, meter: Meter,
            cancelled: Callable[[], bool], draft_kv: KVSeq | None, n_draft_seqs: int, step_ms: float | None,
            profile: Profile | None, shape: DraftRows | None, tree: TreeChoice | None = None,
-           target: Any = None) -> Rounds:
+           target: Any = None, device: bool = False) -> Rounds:
     menu = MENUS[mode]
     beside = runs_beside(cfg)
     t, d = cfg.target.threads, cfg.draft.threads if cfg.draft is not None else None
     if profile is not None:
-        costs = profile.cost_model(t, d, offloaded=offloaded(cfg), step_ms=step_ms)
+        costs = profile.cost_model(t, d, offloaded=device, step_ms=step_ms)
     else:
-        costs = Costs(step_ms=step_ms, contention=1.0 if beside and offloaded(cfg) else None)
+        costs = Costs(step_ms=step_ms, contention=1.0 if beside and device else None)
     draft_cap, ngram_cap = caps(mode, cfg.spec.k)
     k_min, p, planned = cfg.spec.k_min, cfg.prespec, menu.planned
     planner = Planner(menu, costs, k_min=k_min, span=ngram_cap)

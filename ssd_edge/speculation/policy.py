@@ -47,8 +47,10 @@ class TreeChoice:
     Where the worker costs the verify nothing to speak of (a quiet device: Costs.contention at most
     IDLE_QUIET, as a GPU target's is), the tree: there its only price is the time it must fit in, which
     the planner's tree_shape already weighs, and its extra branches are hits the likeliest branch cannot
-    give (priced H200 tables, side by side with this timed choice everywhere: ssd 0.98-1.01x at draft
-    agreement 0.95, 1.05x at 0.8, 1.02x on the 7B table, hits 3-12 points more; docs/performance.md).
+    give (priced H200 tables, the tree always against this timed choice, side by side: ssd 1.03x at draft
+    agreement 0.95, greedy and T=1, 1.04x at 0.8, 1.06x on the 7B table, hits 6-12 points more; a block's
+    rate swings more than the tree's gain, so timing it there took the likeliest branch alone in 40% of
+    the rounds; docs/performance.md).
 
     Elsewhere (a CPU, where the two models share cores and memory) timed: the tree while it made
     tokens at least MARGIN faster, in blocks of BLOCK rounds (a block's tokens over its wall time: a

@@ -80,3 +80,18 @@ def test_ssd_s_worker_is_woken_by_the_target_s_decodes_and_times_its_first_decod
     assert ssd.tokens == ar.tokens and woken and all(woken) and target.wake is None
     pre = ssd.stats.prespec
     assert pre.lookups > 0 and 0 < pre.first_decode_ms_p50 <= pre.first_decode_ms_p90
+
+
+def test_the_priced_target_is_planned_as_on_a_device_so_ssd_grows_its_tree_from_the_first_round():
+    """The priced target's layers are on its (priced) GPU, as ModelInfo says: the planner takes a draft beside
+    it to cost its verifies nothing (contention 1, as for an offloaded target; rounds.on_device), so SSD's
+    worker grows the tree at once, as on a GPU, instead of the likeliest branch alone until a timed tree
+    earned its place (TreeChoice, for shared cores)."""
+    from ssd_edge.planning.rounds import on_device
+
+    engine = build()
+    assert on_device(engine.config, engine.model_info[0]) and not on_device(engine.config)
+    c = engine.complete("def f(x):", max_tokens=48, mode="ssd", sampling=GREEDY)
+    pre = c.stats.prespec
+    # several branches a round (one branch alone prepares at most its 8 tokens a lookup)
+    assert pre.lookups > 0 and pre.prepared_tokens > 8 * pre.lookups, (pre.prepared_tokens, pre.lookups)
