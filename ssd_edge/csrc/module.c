@@ -168,6 +168,62 @@ static PyObject *head(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* head_draw(row, width, k_probs, m, cand_temperature, top_k, top_p, min_p, temperature, seed, position) ->
+ * (token, ids bytes int64, p bytes float64) or None: a sampled draft step from one pass over its row. The row's
+ * `width` largest (head_core, most likely first), the first m as the step's candidates with their probabilities
+ * at cand_temperature over the first k_probs (sampling.head_probs's); the coupled draw at `position` from that
+ * head (draw_core keyed to its ids: the whole row's draw, as head_draws, where width > top_k). None where the
+ * numpy path must decide (ties, NaN). */
+static PyObject *head_draw(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t width, k_probs, m, k;
+    double cand_t;
+    unsigned long long seed, position;
+    draw_spec d;
+    if (!PyArg_ParseTuple(args, "y*nnndndddKK", &buf, &width, &k_probs, &m, &cand_t, &k, &d.top_p, &d.min_p,
+                          &d.temperature, &seed, &position)) return NULL;
+    Py_ssize_t n = row_length(&buf, width, cand_t);
+    if (n < 0) return NULL;
+    if (m < 1 || k_probs < m || k_probs > width || k < 1 || k >= width || d.temperature <= 0.0) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "head_draw: need 1 <= m <= k_probs <= width, 1 <= top_k < width, T > 0");
+        return NULL;
+    }
+    d.top_k = k;
+    d.seed = seed;
+    const float *x = (const float *)buf.buf;
+    int64_t *idx = malloc((size_t)width * sizeof(int64_t));
+    double *p = malloc((size_t)width * sizeof(double));
+    float *head = malloc((size_t)width * sizeof(float));
+    int64_t token = 0;
+    int ok = idx && p && head ? head_core(x, n, width, cand_t, idx, p) : -1;
+    if (ok == 1) {
+        double total = 0.0;
+        for (Py_ssize_t j = 0; j < k_probs; j++) total += p[j];
+        for (Py_ssize_t j = 0; j < m; j++) p[j] /= total;
+        for (Py_ssize_t j = 0; j < width; j++) head[j] = x[idx[j]];
+        ok = draw_core(head, width, &d, position, idx, &token);
+    }
+    PyBuffer_Release(&buf);
+    PyObject *out = NULL;
+    if (ok == 1) {
+        PyObject *pair = ids_and_probs(1, idx, p, m);
+        if (pair != NULL) {
+            out = Py_BuildValue("(LOO)", (long long)token, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
+            Py_DECREF(pair);
+        }
+    } else if (ok < 0) {
+        PyErr_NoMemory();
+    } else {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    free(idx);
+    free(p);
+    free(head);
+    return out;
+}
+
 /* gumbel(ids bytes int64, p bytes float64, seed, position) -> the id maximising log p + G(seed, position, id),
  * the first of equals: coupling.gumbel_draw (gumbel_core) */
 static PyObject *gumbel(PyObject *self, PyObject *args) {
@@ -484,6 +540,9 @@ static PyMethodDef methods[] = {
      "sampling.support's chain on the row's top_k candidates."},
     {"head", head, METH_VARARGS,
      "head(row, k, temperature) -> (ids, p) as bytes, or None: sampling.head_probs (most likely first)."},
+    {"head_draw", head_draw, METH_VARARGS,
+     "head_draw(row, width, k_probs, m, cand_temperature, top_k, top_p, min_p, temperature, seed, position) -> "
+     "(token, ids, p) or None: a sampled draft step's m candidates and coupled draw from one pass over its row."},
     {"gumbel", gumbel, METH_VARARGS,
      "gumbel(ids, p, seed, position) -> the coupled draw from a support: coupling.gumbel_draw."},
     {"draw", draw, METH_VARARGS,

@@ -18,7 +18,12 @@ from ..coupling import Drawer, argmax, gumbel_draw, head_draws
 from ..events import Speculator
 from ..llama.kvseq import KVSeq, common_prefix
 from ..metrics import BusyClock
-from ..sampling import Heads, Support, head_probs, reshape_saguaro, support
+from ..sampling import HEAD, Heads, Support, head_probs, head_width, reshape_saguaro, support
+
+try:  # a sampled draft step's candidates and draw from one pass over its row (ssd_edge/csrc/module.c)
+    from ..native import head_draw as compiled_head_draw
+except ImportError:  # pragma: no cover - a build without the extension: a pass for each
+    compiled_head_draw = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,7 @@ class ModelDrafter:
         # the generation's row shaping (structured/rows.DraftRows: a grammar's mask, bias, penalties), applied
         # to each row before its token is drawn, as the target's rows get it; None: rows as they come
         self.shape = shape
+        self._width = head_width(sampling)
 
     def pick(self, logits: np.ndarray, position: int, cand: Candidates | None = None) -> int:
         """The draft token for sequence position `position`, from one logit row. `cand`: the row's top
@@ -191,6 +197,21 @@ class ModelDrafter:
             return self._draw(logits, position)
         q = draft_probs(logits, self.sampling, *self.saguaro)
         return argmax(logits) if q is None else gumbel_draw(*q, self.seed, position)
+
+    def _candidates(self, row: np.ndarray, position: int) -> tuple[Candidates, int | None]:
+        """The row's candidates; sampled, with the token drawn for `position` where one C pass over the row
+        gives both (nothing reshapes the row, and its head is wider than the chain's top-k: the whole row's
+        draw, as coupling.head_draws), else None: pick() draws. A second pass for the candidates cost a
+        just-in-time draft by SSD's worker 0.34 ms of 8 tokens at T=1 on the priced pair."""
+        s = self.sampling
+        if compiled_head_draw is not None and not self.greedy and self.reads_heads and 0 < s.top_k < self._width \
+                and type(row) is np.ndarray and row.dtype == np.float32 and row.flags.c_contiguous \
+                and self._width < row.shape[-1]:
+            got = compiled_head_draw(row, self._width, HEAD, CANDIDATES, self.cand_temperature(), s.top_k, s.top_p,
+                                     s.min_p, s.temperature, int(self.seed) % (1 << 64), int(position) % (1 << 64))
+            if got is not None:
+                return Candidates(np.frombuffer(got[1], np.int64), np.frombuffer(got[2], np.float64)), got[0]
+        return top_candidates(row, self.cand_temperature()), None  # (greedy: pick() reads the argmax off it)
 
     @property
     def reads_heads(self) -> bool:
@@ -266,7 +287,7 @@ class ModelDrafter:
             top1 = top_probability(row) if self.p_min > 0 else None  # --draft-p-min reads it at temperature 1
             if top1 is not None and top1 < self.p_min:
                 break
-            cand = top_candidates(row, temperature) if self.candidates else None
+            cand, drawn = self._candidates(row, base + len(toks) - first) if self.candidates else (None, None)
             more = True
             if go_on is not None:
                 if cand is not None:
@@ -279,7 +300,7 @@ class ModelDrafter:
                 if not take:
                     break  # decided before the token is drawn: what is verified never depends on what is drawn
             j = len(toks) - first  # this token's index among the ones drawn in this call
-            t = self.pick(row, base + j, cand)
+            t = drawn if drawn is not None else self.pick(row, base + j, cand)
             toks.append(t)
             if cand is not None:
                 cands.append(cand)

@@ -132,6 +132,43 @@ def test_a_greedy_pick_from_the_rows_candidates_is_the_argmax_ties_to_the_lower_
             assert sampled.pick(row, 9, top_candidates(row, 0.9)) == sampled.pick(row, 9)
 
 
+@pytest.mark.parametrize("s", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=20, top_p=0.9),
+                               SamplingConfig(temperature=1.3, top_k=64, top_p=1.0, min_p=0.0)])
+def test_a_sampled_steps_candidates_and_draw_come_from_one_pass_and_are_the_two_passes_answers(s):
+    """ModelDrafter._candidates: sampled, one C pass over the row (native.head_draw) gives the step's
+    candidates and its coupled draw: the same candidates as top_candidates and the same token as pick()
+    reading the whole row, ties at the head's edge included; greedy, top-k off or a shaped row: the
+    candidates alone (pick() draws)."""
+    import native_build
+    from ssd_edge.llama.kvseq import KVSeq
+    from ssd_edge.speculation import drafters
+    from fakes import FakeContext, FakeModel
+
+    if drafters.compiled_head_draw is None:
+        native_build.skip_or_fail("the one-pass draft step")
+    kv = KVSeq(FakeContext(FakeModel("draft")))
+    d = ModelDrafter(kv, s.model_copy(update={"seed": 5}), seed=5)
+    rng, fused = np.random.default_rng(3), 0
+    for i in range(200):
+        row = (rng.standard_normal(151_936) * rng.uniform(0.5, 6.0)).astype(np.float32)
+        if i % 4 == 0:  # a tie across the head's edge (where the C pass cannot decide: the two passes)
+            row[rng.integers(0, len(row), 60)] = np.sort(row)[-30]
+        cand, drawn = d._candidates(row, 100 + i)
+        ref = top_candidates(row, d.cand_temperature())
+        fused += drawn is not None
+        assert drawn is None or drawn == d.pick(row, 100 + i, ref)
+        np.testing.assert_array_equal(cand.ids, ref.ids)
+        np.testing.assert_allclose(cand.probs, ref.probs, rtol=1e-12)
+    assert fused >= 150
+    for other in (s.model_copy(update={"temperature": 0.0}), s.model_copy(update={"top_k": 0})):
+        assert ModelDrafter(kv, other, seed=5)._candidates(row, 7)[1] is None
+    shaped = ModelDrafter(kv, s, seed=5, shape=lambda row, history, toks: None)
+    assert shaped._candidates(row, 7)[1] is None
+    small = row[:40].copy()  # a vocabulary no wider than the head: the two passes
+    cand, drawn = d._candidates(small, 7)
+    assert drawn is None and np.array_equal(cand.ids, top_candidates(small, d.cand_temperature()).ids)
+
+
 def test_draft_probs_greedy_is_none_and_sampled_matches_target_transform():
     z = np.random.default_rng(1).normal(0, 2, 64)
     assert draft_probs(z, SamplingConfig(temperature=0.0)) is None
