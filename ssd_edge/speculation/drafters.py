@@ -186,6 +186,10 @@ class ModelDrafter:
         # to each row before its token is drawn, as the target's rows get it; None: rows as they come
         self.shape = shape
         self._width = head_width(sampling)
+        # a sampled step's candidates and draw from one pass over its row (_candidates): nothing reshapes the
+        # row, and its head is wider than the chain's top-k (the whole row's draw, as coupling.head_draws)
+        self._one_pass = compiled_head_draw is not None and not self.greedy and self.reads_heads \
+            and 0 < sampling.top_k < self._width
 
     def pick(self, logits: np.ndarray, position: int, cand: Candidates | None = None) -> int:
         """The draft token for sequence position `position`, from one logit row. `cand`: the row's top
@@ -200,12 +204,10 @@ class ModelDrafter:
 
     def _candidates(self, row: np.ndarray, position: int) -> tuple[Candidates, int | None]:
         """The row's candidates; sampled, with the token drawn for `position` where one C pass over the row
-        gives both (nothing reshapes the row, and its head is wider than the chain's top-k: the whole row's
-        draw, as coupling.head_draws), else None: pick() draws. A second pass for the candidates cost a
-        just-in-time draft by SSD's worker 0.34 ms of 8 tokens at T=1 on the priced pair."""
+        gives both (_one_pass), else None: pick() draws. A second pass for the candidates cost a just-in-time
+        draft by SSD's worker 0.34 ms of 8 tokens at T=1 on the priced pair."""
         s = self.sampling
-        if compiled_head_draw is not None and not self.greedy and self.reads_heads and 0 < s.top_k < self._width \
-                and type(row) is np.ndarray and row.dtype == np.float32 and row.flags.c_contiguous \
+        if self._one_pass and type(row) is np.ndarray and row.dtype == np.float32 and row.flags.c_contiguous \
                 and self._width < row.shape[-1]:
             got = compiled_head_draw(row, self._width, HEAD, CANDIDATES, self.cand_temperature(), s.top_k, s.top_p,
                                      s.min_p, s.temperature, int(self.seed) % (1 << 64), int(position) % (1 << 64))

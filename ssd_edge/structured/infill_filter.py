@@ -48,7 +48,8 @@ class InfillFilter:
         ids, p = support(row, self.filters)
         z = row[ids].astype(np.float64)
         order = np.lexsort((ids, -z))[:MOST]
-        return ids[order], z[order], p[order] / p[order].sum()
+        p = p[order]
+        return ids[order], z[order], p / p.sum()
 
     def keep(self, ids: np.ndarray, z: np.ndarray, p0: np.ndarray) -> tuple[list[int], list[float]]:
         """What the infill sampler keeps of the candidates (ids, logits, probabilities; likeliest first): their
