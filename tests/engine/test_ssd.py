@@ -279,6 +279,29 @@ def test_a_miss_the_plan_never_ranked_is_told_without_asking_the_worker(monkeypa
     assert out.tokens == run(eng, "ar", n=60).tokens
 
 
+def test_a_round_the_worker_sat_out_is_looked_up_without_asking_it(monkeypatch):
+    """Misses on every lookup roll pre-speculation back to sd: the worker sits rounds out. A lookup with
+    no round prepared since the last one is "none" without a call (its answer could be nothing else),
+    so the worker is asked only about rounds it prepared; the answer stays ar's."""
+    asked = []  # the worker's answers to lookup calls
+    real_call = PrespecWorker._call
+
+    def call(self, kind, *args):
+        out = real_call(self, kind, *args)
+        if kind == "lookup":
+            asked.append(out.status)
+        return out
+
+    monkeypatch.setattr(PrespecWorker, "_call", call)
+    eng, _ = fake_engine(disagree_every=-1, draft_delay=0.002, target_delay=0.02, rollback_after_misses=2,
+                         probe_every=4)
+    events = [ev for ev in eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd") if isinstance(ev, TokenEvent)]
+    sat_out = [ev.round for ev in events[1:] if ev.round.prespec is None and ev.round.drafted]
+    assert len(sat_out) >= 5  # rolled back: rounds drafted just in time with no lookup of anything prepared
+    assert "none" not in asked
+    assert tuple(t for ev in events for t in ev.tokens) == run(eng, "ar", n=60).tokens
+
+
 def test_threads_follow_the_mode_unless_pinned():
     eng, _ = fake_engine()
     eng.config = eng.config.model_copy(update={"threads_follow_mode": True})

@@ -82,12 +82,16 @@ class PrespecWorker:
         """What the worker prepared for the outcome that took the verified round to `history`. A
         finished branch for it is handed over at once, without waiting for the worker's decode in
         flight: the worker makes it the main sequence when that decode ends (adopt, queued before any
-        later call). Anything else is the worker's to answer, between two of its decodes."""
+        later call). Anything else is the worker's to answer, between two of its decodes; but where
+        nothing was prepared since the last lookup (a round the worker sat out, a generation's first),
+        the answer is "none" without asking: each lookup of a round leaves the worker nothing to hand
+        over (its base dropped, by the lookup, the adopt or the miss it told)."""
         h = self.handoff
-        fresh = h.looked != h.round  # the round's first lookup (none follows a round the worker sat out)
+        if h.looked == h.round:  # (a round's first lookup is the one after its verifying())
+            return LookupResult("none", None)
         h.looked = h.round
         ready = h.ready  # one read: the worker replaces the tuple, never changes one
-        if fresh and ready is not None and ready.round == h.round:
+        if ready is not None and ready.round == h.round:
             outcome = outcome_of(ready.base, history)
             br = ready.branches.get(outcome) if outcome is not None else None
             if br is not None:
@@ -96,7 +100,7 @@ class PrespecWorker:
                 self.meter.branches.add_lookup(outcome[0], True, len(ready.branches))
                 return LookupResult("hit", br.draft(k), True, depth=br.depth)
         ranked = h.ranked
-        if fresh and ranked is not None and ranked.round == h.round:
+        if ranked is not None and ranked.round == h.round:
             outcome = outcome_of(ranked.base, history)
             if outcome not in ranked.outcomes:  # no branch was ever begun for it: nothing to wait for
                 h.ranked = None
