@@ -473,7 +473,8 @@ def test_n_means_tokens_per_generation_in_every_command(monkeypatch, bench_args,
 
 # ---------------------------------------------------------------- progress of long commands
 
-def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
+def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-256color")  # (under TERM=dumb rich draws no bar on a terminal either)
     for terminal in (True, False):
         f = io.StringIO()
         with Progress(Console(file=f, force_terminal=terminal, width=100)) as progress:
