@@ -4,7 +4,7 @@ each round proposed, how much of it the target accepted, and what the round took
     .venv/bin/python scripts/fim_rounds.py -m qwen2.5-coder-1.5b:bf16 -md qwen2.5-coder-0.5b:q4_0 --mode auto \\
         --only 1,4
 
-A round prints as KIND DRAFTED/ACCEPTED:MS, KIND being the round's proposer: no (a plain step), ng (an
+Each round after the prompt's prints as KIND DRAFTED/ACCEPTED:MS, KIND being the round's proposer: no (a plain step), ng (an
 n-gram copy), dr (the draft model), pr (a pre-speculated branch). The warm-ups are not sent, so the extra
 chunks are read with each request's prompt. The engine is `ssd-edge bench --fim`'s: -b 1024, --cache-reuse
 256, a context of 8192, the given threads for each model.

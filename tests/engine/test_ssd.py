@@ -253,25 +253,30 @@ def test_a_lookup_never_waits_for_a_decode_its_branch_does_not_need():
     assert [r.prespec for r in lookups[-5:]].count("hit") >= 3  # the tree timed: it fits the verify
 
 
+def _lookup_calls(monkeypatch) -> list[str]:
+    """The statuses the worker answers lookup calls with, in order (a lookup answered without a call is not there)."""
+    answers: list[str] = []
+    real_call = PrespecWorker._call
+
+    def call(self, kind, *args):
+        out = real_call(self, kind, *args)
+        if kind == "lookup":
+            answers.append(out.status)
+        return out
+
+    monkeypatch.setattr(PrespecWorker, "_call", call)
+    return answers
+
+
 def test_a_miss_the_plan_never_ranked_is_told_without_asking_the_worker(monkeypatch):
     """A draft wrong in ways its own candidates do not predict: the target's token is never among the
     outcomes ranked. The worker publishes its plan before the first branch decode; the engine tells
     such a miss from it without a call (no wait for the worker, no abort of its decode), counts its
     reason, and the worker drops its branches on a message nobody waits for."""
-    from ssd_edge.speculation.prespec import PrespecWorker
-
-    asked = []  # the worker's answers to lookups that found it preparing (not "none": it sat the round out)
-    real_call = PrespecWorker._call
-
-    def call(self, kind, *args):
-        out = real_call(self, kind, *args)
-        if kind == "lookup" and out.status != "none":
-            asked.append(out.status)
-        return out
-
-    monkeypatch.setattr(PrespecWorker, "_call", call)
+    answers = _lookup_calls(monkeypatch)
     eng, _ = fake_engine(disagree_every=-1, draft_delay=0.002, target_delay=0.02)
     out = run(eng, "ssd", n=60)
+    asked = [a for a in answers if a != "none"]  # lookups that found the worker preparing ("none": it sat out)
     st = out.stats.prespec
     told = st.miss_reasons.get("wrong-token", 0) + st.miss_reasons.get("wrong-count", 0)
     assert st.misses == st.lookups > 10 and told >= st.misses / 2
@@ -283,16 +288,7 @@ def test_a_round_the_worker_sat_out_is_looked_up_without_asking_it(monkeypatch):
     """Misses on every lookup roll pre-speculation back to sd: the worker sits rounds out. A lookup with
     no round prepared since the last one is "none" without a call (its answer could be nothing else),
     so the worker is asked only about rounds it prepared; the answer stays ar's."""
-    asked = []  # the worker's answers to lookup calls
-    real_call = PrespecWorker._call
-
-    def call(self, kind, *args):
-        out = real_call(self, kind, *args)
-        if kind == "lookup":
-            asked.append(out.status)
-        return out
-
-    monkeypatch.setattr(PrespecWorker, "_call", call)
+    asked = _lookup_calls(monkeypatch)
     eng, _ = fake_engine(disagree_every=-1, draft_delay=0.002, target_delay=0.02, rollback_after_misses=2,
                          probe_every=4)
     events = [ev for ev in eng.generate(tokens=PROMPT, max_tokens=60, mode="ssd") if isinstance(ev, TokenEvent)]
