@@ -175,10 +175,12 @@ class PrespecConfig(_Strict):
     """SSD pre-speculation: which verification outcomes to prepare, and when to stop."""
 
     # The defaults hold a branch for every acceptance length of the longest draft, k + 1 outcomes of k cells
-    # each (k = DRAFT_CAP, or --draft-max where given: EngineConfig sizes them)
+    # each (k = DRAFT_CAP, or --draft-max where given: EngineConfig sizes them). The floor only keeps out the
+    # hopeless: how wide a tree grows is the planner's, by time (tree_shape); a confident draft's rejection
+    # lengths are priced near 0.005 each, and a floor of 0.02 left them out of the tree (docs/performance.md)
     budget_cells: int = Field(default=(DRAFT_CAP + 1) * DRAFT_CAP, ge=0,
                               description="draft KV cells that branches may hold at once")
-    min_confidence: float = Field(default=0.02, ge=0.0, le=1.0,
+    min_confidence: float = Field(default=0.001, ge=0.0, le=1.0,
                                   description="prepare an outcome only if its estimated probability is at least this")
     fanout_max: int = Field(default=DRAFT_CAP + 1, ge=1, le=32,
                             description="most outcomes prepared per round (the window shrinks from it and grows back)")

@@ -57,6 +57,16 @@ class StepLine:
         return [max(a + b * k, 1e-3) for k in range(1, most + 1)]
 
 
+class TreeTimings:
+    """What the worker's tree was timed at: its batched steps, its setup before the first, the verifies it
+    grew beside (by size). The engine's TreeChoice holds it, a mode's, over generations."""
+
+    def __init__(self) -> None:
+        self.steps = StepLine()
+        self.setup_ms: float | None = None
+        self.window_ms: dict[int, float] = {}
+
+
 class PreparedProposer:
     kind = "prepared"
 
@@ -84,9 +94,23 @@ class PreparedProposer:
         self.idle_backoff = int(costs.contention <= IDLE_QUIET)
         self._compared = 0  # busy-vs-idle comparisons at the last rest
         self.prefilled = False  # the prompt's round has been observed
-        self.tree_steps = StepLine()  # the worker's batched steps: (rows, ms)
-        self.setup_ms: float | None = None  # the worker's ranking and branch setup before its first step
-        self.window_ms: dict[int, float] = {}  # verify size -> its time with the worker busy (what a tree hides in)
+        # the tree's timings, kept over generations with the engine's TreeChoice (without them a generation's
+        # first rounds priced a tree by the draft's curve, and grew the likeliest branch alone)
+        tree = policy.tree
+        if tree.timings is None:
+            tree.timings = TreeTimings()
+        self.timed: TreeTimings = tree.timings
+        self.tree_steps = self.timed.steps  # the worker's batched steps: (rows, ms)
+        self.window_ms = self.timed.window_ms  # verify size -> its time with the worker busy (what a tree hides in)
+
+    @property
+    def setup_ms(self) -> float | None:
+        """The worker's ranking and branch setup before its first step, as timed."""
+        return self.timed.setup_ms
+
+    @setup_ms.setter
+    def setup_ms(self, ms: float | None) -> None:
+        self.timed.setup_ms = ms
 
     @property
     def hit(self) -> bool:

@@ -18,7 +18,7 @@ only the frozen PolicySnapshot the engine takes when it starts a verify and hand
 from __future__ import annotations
 
 from collections import deque
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -70,6 +70,7 @@ class TreeChoice:
         self._ms = self._tokens = 0.0
         self._rounds = 0
         self.quiet = False  # the last wanted(): the tree taken without timing, blocks not counted
+        self.timings: Any = None  # the planner's timings of the tree (planning.prepared.TreeTimings), kept here
 
     def wanted(self, quiet: bool) -> bool:
         """Whether the round's worker grows the tree; quiet: the worker costs the verify nothing to speak of."""

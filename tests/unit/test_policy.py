@@ -78,6 +78,22 @@ def test_rank_respects_window_budget_and_confidence(budget, fanout, floor, expec
     assert len(plan) * 2 <= budget
 
 
+def test_the_default_floor_lets_a_tree_hold_every_acceptance_length():
+    """A greedy round of the priced 1.5B table as the planner prices it: each rejection length at P(a) near
+    0.007 (its acceptance estimate is surer than the counts: about 0.04 each), the draft's runner-up 0.7 of
+    what its drafted token leaves. A tree as wide as the lengths holds a branch for each under the default
+    floor; the floor of 0.02 it replaced kept the rejections out, and a rejection outcome hits about half
+    the time where it is ranked (docs/performance.md, "A tree with every acceptance length")."""
+    k = 8
+    draft = list(range(100, 100 + k))
+    c = [cands((t, 0.99), (200 + t, 0.007), (300 + t, 0.003)) for t in draft] + [cands((900, 0.9), (901, 0.1))]
+    p_a = np.array([0.007] * k + [1.0 - 0.007 * k])
+    ranked = lambda floor: rank_outcomes(draft, c, p_a, fanout=k + 1, min_confidence=floor,  # noqa: E731
+                                         budget_cells=(k + 1) * k, cells_per_branch=k)
+    assert sorted(o.a for o in ranked(PrespecConfig().min_confidence)) == list(range(k + 1))
+    assert {o.a for o in ranked(0.02)} == {k}  # all accepted alone (its bonus token and a second guess)
+
+
 # ---------------------------------------------------------------- policy
 
 def test_policy_offers_the_backup_after_a_miss_streak():

@@ -186,8 +186,8 @@ class PrespecWorker:
                 if self.error is not None:
                     raise self.error
                 result = {"lookup": self._lookup, "extend": self._extend, "draft_now": self._draft_now}[kind](*args)
+                # (stale sequences wait for the next read: cleared here, they held the lock the answer's taker needs)
                 self.handoff.outbox.put(("ok", result, _since(decoded)))
-                self._clear_stale()  # (the engine has its answer: off its path)
             except BaseException as e:  # handed to the engine thread, raised there
                 if kind in ("verifying", "adopt", "missed"):  # nobody waits for these: the next call raises it
                     self.error = e
@@ -258,7 +258,8 @@ class PrespecWorker:
 
     def _clear_stale(self) -> None:
         """Remove the stale sequences' cells and free them, where nothing waits on the worker: after a round's
-        read, a call's answer, at the end. (A KV verb: 13 us on the priced table, 20-40 on llama.cpp's here.)"""
+        read (the engine is in the verify's decode), at the end; not after a call's answer, where the engine
+        waits for the interpreter's lock to take it. (A KV verb: 13 us priced, 20-40 on llama.cpp's here.)"""
         for seq in self.stale:
             self.ctx.seq_rm(seq, 0, -1)
             self.free_seqs.append(seq)
