@@ -62,9 +62,9 @@ class TreeTimings:
     grew beside (by size). The engine's TreeChoice holds it, a mode's, over generations."""
 
     def __init__(self) -> None:
-        self.steps = StepLine()
-        self.setup_ms: float | None = None
-        self.window_ms: dict[int, float] = {}
+        self.steps = StepLine()  # the worker's batched steps: (rows, ms)
+        self.setup_ms: float | None = None  # the worker's ranking and branch setup before its first step
+        self.window_ms: dict[int, float] = {}  # verify size -> its time with the worker busy (what a tree hides in)
 
 
 class PreparedProposer:
@@ -100,17 +100,6 @@ class PreparedProposer:
         if tree.timings is None:
             tree.timings = TreeTimings()
         self.timed: TreeTimings = tree.timings
-        self.tree_steps = self.timed.steps  # the worker's batched steps: (rows, ms)
-        self.window_ms = self.timed.window_ms  # verify size -> its time with the worker busy (what a tree hides in)
-
-    @property
-    def setup_ms(self) -> float | None:
-        """The worker's ranking and branch setup before its first step, as timed."""
-        return self.timed.setup_ms
-
-    @setup_ms.setter
-    def setup_ms(self, ms: float | None) -> None:
-        self.timed.setup_ms = ms
 
     @property
     def hit(self) -> bool:
@@ -174,7 +163,7 @@ class PreparedProposer:
             self.rounds_resting = 0 if verified.busy else self.rounds_resting + 1
             if verified.busy:  # the window a tree grows in: a verify of this size with the worker beside it
                 n = len(verified.draft) + 1
-                self.window_ms[n] = running_mean(self.window_ms.get(n), verified.verify_ms, 0.2)
+                self.timed.window_ms[n] = running_mean(self.timed.window_ms.get(n), verified.verify_ms, 0.2)
         self.prefilled = True
 
     def runs(self, verifying: int) -> bool:
@@ -243,9 +232,9 @@ class PreparedProposer:
         alone. The worker's own timings (_take_timings: its host work beyond the draft's curve) go into
         the price."""
         self._take_timings()
-        start = self.costs.draft.ms(1) + (self.setup_ms or 0.0)
-        window = self.window_ms.get(verifying) or self.costs.target.ms(verifying) * self.costs.contention
-        step = [0.0] + self.tree_steps.ms(self.costs.draft.ms, max(1, most))
+        start = self.costs.draft.ms(1) + (self.timed.setup_ms or 0.0)
+        window = self.timed.window_ms.get(verifying) or self.costs.target.ms(verifying) * self.costs.contention
+        step = [0.0] + self.timed.steps.ms(self.costs.draft.ms, max(1, most))
         verify, g = self.costs.target.ms, self.acceptance.gains(depth)
         miss = g[depth] / (depth * step[1] + verify(depth + 1))  # tokens a ms of a round drafted just in time
         shortest = next((s for s in range(1, depth + 1) if g[s] / verify(s + 1) > miss), depth)
@@ -262,9 +251,9 @@ class PreparedProposer:
         while steps:
             rows, ms = steps.popleft()
             if rows:  # a batched step of `rows` branches, host work included
-                self.tree_steps.add(rows, ms)
+                self.timed.steps.add(rows, ms)
             else:  # from the verify's start to the first step, less the read: the message, ranking, setup
-                self.setup_ms = running_mean(self.setup_ms, ms, 0.2)
+                self.timed.setup_ms = running_mean(self.timed.setup_ms, ms, 0.2)
 
     def branch_depth(self) -> int:
         """How many tokens the worker drafts on each branch: in ssd its full draft length (a hit is

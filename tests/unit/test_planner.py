@@ -31,7 +31,7 @@ from ssd_edge.planning.prepared import IDLE_DOUBLINGS, IDLE_EVERY, IDLE_QUIET, P
 from ssd_edge.planning.proposers import EXPLORE_FIRST, EXPLORE_K, EXPLORE_MOST, DraftProposer, NgramProposer, upside
 from ssd_edge.planning.rounds import build, ssd_offers
 from ssd_edge.speculation.drafters import EMPTY, Draft, NgramDrafter
-from ssd_edge.speculation.policy import PrespecPolicy
+from ssd_edge.speculation.policy import PrespecPolicy, TreeChoice
 from ssd_edge.speculation.prespec import LookupResult
 from ssd_edge.speculation.prespec.handoff import Handoff
 from ssd_edge.speculation.proposer import PLAIN, Ask, Decision, Verified
@@ -819,7 +819,7 @@ def test_the_tree_is_as_wide_as_the_verify_hides_and_its_short_branches_as_deep(
     teach_draft(gpu, 0.95)
     width, short = gpu.prepared.tree_shape(9, 8, 9)
     assert width == 9 and short == 8  # 0.25 + 8 x 0.44 = 3.77 ms < 4.39
-    gpu.prepared.setup_ms = 0.9  # the worker's host work before its first step, as timed
+    gpu.prepared.timed.setup_ms = 0.9  # the worker's host work before its first step, as timed
     width, short = gpu.prepared.tree_shape(9, 8, 9)
     assert width == 9 and 3 <= short < 8  # 1.15 + 8 x 0.44 > 4.39: the short ones stop earlier
     g, verify = gpu.acceptance.gains(8), gpu.costs.target.ms
@@ -827,6 +827,27 @@ def test_the_tree_is_as_wide_as_the_verify_hides_and_its_short_branches_as_deep(
     cpu = Bench(cap=8, curve=CPU_CURVE, costs=Costs(CPU_CURVE, [44.0 * n for n in range(1, 10)], contention=1.0))
     teach_draft(cpu, 0.9)
     assert cpu.prepared.tree_shape(4, 3, 9) == (1, 3)
+
+
+def test_a_generations_first_tree_is_priced_from_the_timings_earlier_generations_took():
+    """The worker's tree timings (TreeTimings) live with the engine's TreeChoice, a mode's, over generations:
+    the next generation's first round prices a tree from them. Without them it priced one from the draft's
+    curve, where a batch of n rows costs n steps, and grew the likeliest branch alone."""
+    costs = Costs(GPU_VERIFY, [0.5 * n for n in range(1, 10)], contention=1.0)
+    tree = TreeChoice()
+
+    def generation(choice: TreeChoice | None) -> PreparedProposer:
+        return PreparedProposer(Prepared(ScriptedDrafter()), PrespecPolicy(PrespecConfig(), choice),
+                                DraftAcceptance(8, 0.95), costs, 8, 0, False, always=True)
+
+    first = generation(tree)
+    assert first.tree_shape(9, 8, 9) == (1, 8)  # the curve's price: no tree fits the verify
+    for _ in range(4):  # the worker's own steps, as it times them
+        first.timed.steps.add(1, 0.30)
+        first.timed.steps.add(9, 0.45)
+    assert first.tree_shape(9, 8, 9)[0] == 9
+    assert generation(tree).tree_shape(9, 8, 9)[0] == 9  # the next generation, at its first round
+    assert generation(None).tree_shape(9, 8, 9) == (1, 8)  # (a TreeChoice of its own: timed from nothing)
 
 
 def test_the_trees_steps_are_priced_from_the_workers_own_timings():
